@@ -1,0 +1,474 @@
+"""Incremental validation of uploaded JSONL training files.
+
+An upload is streamed to the blob store in chunks; every chunk is also fed to a :class:`JsonlValidator`,
+which checks the file line by line without ever holding more than one partial line. The format of the file
+is detected from its first example and every later example must have the same format (see "Data formats"
+in DESIGN.md). Validation stops at the first problem with a :class:`FileValidationError` that names the
+(1-based, physical) line and, where there is one, the offending field, e.g.::
+
+    line 3: field 'messages[1].role': unknown role 'bot' (expected system, developer, user, assistant, tool)
+
+The module is pure Python (stdlib only) so it can run in the API process, a worker or a CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, NoReturn
+
+__all__ = [
+    "DEFAULT_MAX_LINE_BYTES",
+    "MESSAGE_ROLES",
+    "METHOD_FORMATS",
+    "FileFormat",
+    "FileStats",
+    "FileValidationError",
+    "JsonlValidator",
+    "validate_chunks",
+]
+
+
+class FileFormat(StrEnum):
+    """The format of a training file, detected from its first example."""
+
+    CHAT = "chat"
+    """``{"messages": [...]}`` with at least one assistant message (supervised fine-tuning)."""
+    PROMPT_COMPLETION = "prompt_completion"
+    """``{"prompt": str, "completion": str}``."""
+    TEXT = "text"
+    """``{"text": str}`` for continued pre-training."""
+    PREFERENCE = "preference"
+    """OpenAI ``{"input": {"messages"}, "preferred_output", "non_preferred_output"}`` or
+    ``{"prompt", "chosen", "rejected"}`` (each a string or a message list)."""
+    PROMPT_ONLY = "prompt_only"
+    """RL prompts: ``{"messages"}`` not ending with an assistant message, or ``{"prompt": str}``."""
+
+
+METHOD_FORMATS: dict[str, frozenset[FileFormat]] = {
+    "supervised": frozenset({FileFormat.CHAT, FileFormat.PROMPT_COMPLETION, FileFormat.TEXT}),
+    "dpo": frozenset({FileFormat.PREFERENCE}),
+    "reward_model": frozenset({FileFormat.PREFERENCE}),
+    "grpo": frozenset({FileFormat.PROMPT_ONLY}),
+    "ppo": frozenset({FileFormat.PROMPT_ONLY}),
+    "reinforcement": frozenset({FileFormat.PROMPT_ONLY}),
+}
+"""Which file formats each job method accepts for its training (and validation) file."""
+
+MESSAGE_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
+DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
+
+_MAX_REPR = 40
+_MAX_KEYS_SHOWN = 8
+
+
+class FileValidationError(Exception):
+    """A training file is invalid. ``str(error)`` is the full, user-facing message."""
+
+    def __init__(self, message: str, *, line: int | None, field: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.field = field
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """The result of validating a whole file."""
+
+    line_count: int
+    """Number of examples (non-blank lines)."""
+    format: FileFormat
+    bytes: int
+    """Total size of the file in bytes."""
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__  # pragma: no cover - json.loads yields nothing else
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class _Line:
+    """Validation of one example; raises :class:`FileValidationError` naming its line and field."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def fail(self, field: str | None, message: str) -> NoReturn:
+        prefix = f"line {self.number}: "
+        if field is not None:
+            prefix += f"field {field!r}: "
+        raise FileValidationError(prefix + message, line=self.number, field=field)
+
+    # -- primitives ---------------------------------------------------------------------------------------
+
+    def require(self, obj: dict[str, Any], key: str, path: str) -> Any:
+        if key not in obj:
+            self.fail(path, "missing")
+        return obj[key]
+
+    def string(self, value: object, path: str, *, non_empty: bool = True) -> str:
+        if not isinstance(value, str):
+            self.fail(path, f"expected a string, got {_json_type(value)}")
+        if non_empty and not value.strip():
+            self.fail(path, "must be a non-empty string")
+        return value
+
+    def obj(self, value: object, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(path, f"expected an object, got {_json_type(value)}")
+        return value
+
+    def array(self, value: object, path: str) -> list[Any]:
+        if not isinstance(value, list):
+            self.fail(path, f"expected an array, got {_json_type(value)}")
+        if not value:
+            self.fail(path, "must be a non-empty array")
+        return value
+
+    # -- messages -----------------------------------------------------------------------------------------
+
+    def content(self, value: object, path: str) -> None:
+        if isinstance(value, str):
+            self.string(value, path)
+            return
+        if not isinstance(value, list):
+            self.fail(path, f"expected a non-empty string or a list of text parts, got {_json_type(value)}")
+        if not value:
+            self.fail(path, "must be a non-empty string or a non-empty list of text parts")
+        for i, raw in enumerate(value):
+            part_path = f"{path}[{i}]"
+            part = self.obj(raw, part_path)
+            kind = self.require(part, "type", f"{part_path}.type")
+            if kind != "text":
+                self.fail(
+                    f"{part_path}.type", f"unsupported content part type {_short(kind)} (expected 'text')"
+                )
+            self.string(self.require(part, "text", f"{part_path}.text"), f"{part_path}.text")
+
+    def tool_calls(self, value: object, path: str) -> None:
+        calls = self.array(value, path)
+        for i, raw in enumerate(calls):
+            call_path = f"{path}[{i}]"
+            call = self.obj(raw, call_path)
+            if "type" in call and call["type"] != "function":
+                self.fail(
+                    f"{call_path}.type",
+                    f"unsupported tool call type {_short(call['type'])} (expected 'function')",
+                )
+            function = self.obj(
+                self.require(call, "function", f"{call_path}.function"), f"{call_path}.function"
+            )
+            self.string(
+                self.require(function, "name", f"{call_path}.function.name"), f"{call_path}.function.name"
+            )
+            if "arguments" in function and not isinstance(function["arguments"], str | dict):
+                self.fail(
+                    f"{call_path}.function.arguments",
+                    f"expected a string or an object, got {_json_type(function['arguments'])}",
+                )
+
+    def message(self, raw: object, path: str) -> dict[str, Any]:
+        """Validate one chat message and return it."""
+        msg = self.obj(raw, path)
+        role = self.require(msg, "role", f"{path}.role")
+        if not isinstance(role, str):
+            self.fail(f"{path}.role", f"expected a string, got {_json_type(role)}")
+        if role not in MESSAGE_ROLES:
+            self.fail(f"{path}.role", f"unknown role {_short(role)} (expected {', '.join(MESSAGE_ROLES)})")
+        has_tool_calls = "tool_calls" in msg and msg["tool_calls"] is not None
+        if has_tool_calls:
+            if role != "assistant":
+                self.fail(f"{path}.tool_calls", "only assistant messages may have tool_calls")
+            self.tool_calls(msg["tool_calls"], f"{path}.tool_calls")
+        content = msg.get("content")
+        if has_tool_calls and (content is None or content == ""):
+            pass  # an assistant turn that only calls tools
+        elif "content" not in msg:
+            self.fail(
+                f"{path}.content",
+                "missing"
+                + (" (an assistant message needs content or tool_calls)" if role == "assistant" else ""),
+            )
+        else:
+            self.content(content, f"{path}.content")
+        if "weight" in msg:
+            weight = msg["weight"]
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight not in (0, 1):
+                self.fail(f"{path}.weight", f"must be 0 or 1, got {_short(weight)}")
+        for key in ("name", "tool_call_id"):
+            if key in msg and msg[key] is not None and not isinstance(msg[key], str):
+                self.fail(f"{path}.{key}", f"expected a string, got {_json_type(msg[key])}")
+        return msg
+
+    def messages(self, value: object, path: str) -> list[dict[str, Any]]:
+        items = self.array(value, path)
+        return [self.message(raw, f"{path}[{i}]") for i, raw in enumerate(items)]
+
+    # -- formats ------------------------------------------------------------------------------------------
+
+    def chat(self, example: dict[str, Any]) -> None:
+        msgs = self.messages(example["messages"], "messages")
+        assistants = [m for m in msgs if m["role"] == "assistant"]
+        if not assistants:
+            self.fail("messages", "no assistant message (a chat example needs at least one)")
+        if all(m.get("weight", 1) == 0 for m in assistants):
+            self.fail("messages", "no assistant message with weight 1")
+
+    def prompt_only(self, example: dict[str, Any]) -> None:
+        if "messages" in example:
+            msgs = self.messages(example["messages"], "messages")
+            if msgs[-1]["role"] == "assistant":
+                self.fail(
+                    f"messages[{len(msgs) - 1}].role",
+                    "the last message of a prompt must not be from the assistant",
+                )
+        else:
+            self.string(example["prompt"], "prompt")
+
+    def prompt_completion(self, example: dict[str, Any]) -> None:
+        self.string(self.require(example, "prompt", "prompt"), "prompt", non_empty=False)
+        self.string(self.require(example, "completion", "completion"), "completion")
+
+    def text(self, example: dict[str, Any]) -> None:
+        self.string(example["text"], "text")
+
+    def string_or_messages(self, value: object, path: str) -> None:
+        if isinstance(value, str):
+            self.string(value, path)
+        elif isinstance(value, list):
+            self.messages(value, path)
+        else:
+            self.fail(path, f"expected a non-empty string or a list of messages, got {_json_type(value)}")
+
+    def preference(self, example: dict[str, Any]) -> None:
+        if "preferred_output" in example or "non_preferred_output" in example:
+            inp = self.obj(self.require(example, "input", "input"), "input")
+            self.messages(self.require(inp, "messages", "input.messages"), "input.messages")
+            for key in ("preferred_output", "non_preferred_output"):
+                msgs = self.messages(self.require(example, key, key), key)
+                for i, msg in enumerate(msgs):
+                    if msg["role"] != "assistant":
+                        self.fail(f"{key}[{i}].role", f"expected 'assistant', got {_short(msg['role'])}")
+        else:
+            for key in ("prompt", "chosen", "rejected"):
+                self.string_or_messages(self.require(example, key, key), key)
+
+
+def _ends_with_assistant(messages: object) -> bool:
+    if isinstance(messages, list) and messages:
+        last = messages[-1]
+        return isinstance(last, dict) and last.get("role") == "assistant"
+    return False
+
+
+def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Line) -> FileFormat:
+    """The format of one example; ``file_format`` resolves shapes that two formats share."""
+    if any(k in example for k in ("preferred_output", "non_preferred_output", "chosen", "rejected")):
+        return FileFormat.PREFERENCE
+    if "messages" in example:
+        # Chat (SFT) and RL prompts share the shape: once the file's format is known, the example is checked
+        # against it (so that a missing answer reads as such rather than as a format change).
+        if file_format in (FileFormat.CHAT, FileFormat.PROMPT_ONLY):
+            return file_format
+        return FileFormat.CHAT if _ends_with_assistant(example["messages"]) else FileFormat.PROMPT_ONLY
+    if "prompt" in example:
+        # RL prompts may carry any extra field (a "completion" reference answer included); a prompt/completion
+        # file must have a completion on every line.
+        if file_format in (FileFormat.PROMPT_COMPLETION, FileFormat.PROMPT_ONLY):
+            return file_format
+        return FileFormat.PROMPT_COMPLETION if "completion" in example else FileFormat.PROMPT_ONLY
+    if "text" in example:
+        return FileFormat.TEXT
+    keys = list(example)
+    shown = ", ".join(_short(k) for k in keys[:_MAX_KEYS_SHOWN])
+    if len(keys) > _MAX_KEYS_SHOWN:
+        shown += ", ..."
+    line.fail(
+        None,
+        "cannot detect the example's format: expected 'messages', 'prompt' (and 'completion'), "
+        "'text', 'input'/'preferred_output'/'non_preferred_output' or 'prompt'/'chosen'/'rejected' "
+        f"(found keys: {shown or 'none'})",
+    )
+
+
+class JsonlValidator:
+    """Validates a JSONL training file fed in arbitrary chunks.
+
+    Holds at most one partial line (bounded by ``max_line_bytes``). The first error is raised from
+    :meth:`feed` or :meth:`finish` and raised again by any later call.
+    """
+
+    def __init__(self, *, min_examples: int = 1, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        if min_examples < 1:
+            raise ValueError("min_examples must be at least 1")
+        if max_line_bytes < 1:
+            raise ValueError("max_line_bytes must be at least 1")
+        self.min_examples = min_examples
+        self.max_line_bytes = max_line_bytes
+        self._pending = bytearray()
+        self._line_number = 0  # physical lines completed so far
+        self._examples = 0
+        self._bytes = 0
+        self._format: FileFormat | None = None
+        self._format_line = 0
+        self._error: FileValidationError | None = None
+        self._stats: FileStats | None = None
+
+    @property
+    def format(self) -> FileFormat | None:
+        """The format detected so far (``None`` before the first example)."""
+        return self._format
+
+    @property
+    def example_count(self) -> int:
+        return self._examples
+
+    def feed(self, chunk: bytes) -> None:
+        """Validate the next chunk of the file. Raises :class:`FileValidationError`."""
+        if self._error is not None:
+            raise self._error
+        if self._stats is not None:
+            raise RuntimeError("feed() called after finish()")
+        try:
+            self._feed(chunk)
+        except FileValidationError as exc:
+            self._error = exc
+            raise
+
+    def finish(self) -> FileStats:
+        """Validate the end of the file (a last line without newline included) and return its stats."""
+        if self._error is not None:
+            raise self._error
+        if self._stats is not None:
+            return self._stats
+        try:
+            if self._pending:
+                line = bytes(self._pending)
+                self._pending.clear()
+                self._line_number += 1
+                self._line(line)
+            if self._format is None:
+                raise FileValidationError("file is empty", line=None, field=None)
+            if self._examples < self.min_examples:
+                noun = "example" if self._examples == 1 else "examples"
+                raise FileValidationError(
+                    f"file has {self._examples} {noun}; at least {self.min_examples} are required",
+                    line=None,
+                    field=None,
+                )
+        except FileValidationError as exc:
+            self._error = exc
+            raise
+        self._stats = FileStats(line_count=self._examples, format=self._format, bytes=self._bytes)
+        return self._stats
+
+    # -- internals ----------------------------------------------------------------------------------------
+
+    def _too_long(self, number: int) -> NoReturn:
+        raise FileValidationError(
+            f"line {number}: line is longer than {self.max_line_bytes} bytes", line=number, field=None
+        )
+
+    def _feed(self, chunk: bytes) -> None:
+        self._bytes += len(chunk)
+        start = 0
+        while (newline := chunk.find(b"\n", start)) != -1:
+            self._line_number += 1
+            if self._pending:
+                if len(self._pending) + newline - start > self.max_line_bytes + 1:
+                    self._too_long(self._line_number)
+                self._pending += chunk[start:newline]
+                line = bytes(self._pending)
+                self._pending.clear()
+            else:
+                line = chunk[start:newline]
+            self._line(line)
+            start = newline + 1
+        if start < len(chunk):
+            self._pending += chunk[start:]
+            # A complete line may be max_line_bytes long plus a "\r" before its "\n".
+            size = len(self._pending)
+            if size > self.max_line_bytes + 1 or (
+                size == self.max_line_bytes + 1 and self._pending[-1:] != b"\r"
+            ):
+                self._too_long(self._line_number + 1)
+
+    def _line(self, raw: bytes) -> None:
+        number = self._line_number
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if len(raw) > self.max_line_bytes:
+            self._too_long(number)
+        line = _Line(number)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line.fail(None, f"invalid UTF-8 at byte {exc.start + 1} of the line ({exc.reason})")
+        if number == 1 and text.startswith("\ufeff"):
+            text = text[1:]  # tolerate a byte order mark
+        if not text.strip():
+            return
+        try:
+            example = json.loads(text, parse_constant=_reject_constant)
+        except json.JSONDecodeError as exc:
+            line.fail(None, f"invalid JSON: {exc.msg} (column {exc.colno})")
+        except ValueError as exc:
+            line.fail(None, f"invalid JSON: {exc}")
+        except RecursionError:
+            line.fail(None, "invalid JSON: nested too deeply")
+        if not isinstance(example, dict):
+            line.fail(None, f"expected a JSON object, got {_json_type(example)}")
+        kind = _classify(example, self._format, line)
+        if self._format is not None and kind is not self._format:
+            line.fail(
+                None,
+                f"format {kind.value!r} differs from the file's format {self._format.value!r} "
+                f"(detected at line {self._format_line})",
+            )
+        _VALIDATORS[kind](line, example)
+        if self._format is None:
+            self._format = kind
+            self._format_line = number
+        self._examples += 1
+
+
+_VALIDATORS = {
+    FileFormat.CHAT: _Line.chat,
+    FileFormat.PROMPT_COMPLETION: _Line.prompt_completion,
+    FileFormat.TEXT: _Line.text,
+    FileFormat.PREFERENCE: _Line.preference,
+    FileFormat.PROMPT_ONLY: _Line.prompt_only,
+}
+
+
+def validate_chunks(
+    chunks: Iterable[bytes], *, min_examples: int = 1, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> FileStats:
+    """Validate a whole file given as chunks (e.g. ``[data]`` or a file read in blocks)."""
+    validator = JsonlValidator(min_examples=min_examples, max_line_bytes=max_line_bytes)
+    for chunk in chunks:
+        validator.feed(chunk)
+    return validator.finish()

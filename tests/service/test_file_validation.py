@@ -1,0 +1,564 @@
+"""Unit tests for the incremental JSONL training-file validator (service/files/validation.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from service.files.validation import (
+    METHOD_FORMATS,
+    FileFormat,
+    FileStats,
+    FileValidationError,
+    JsonlValidator,
+    validate_chunks,
+)
+
+# -- helpers ------------------------------------------------------------------------------------------------
+
+
+def jl(*examples: Any) -> bytes:
+    """A JSONL file (with trailing newline) from examples; str items are taken as raw lines."""
+    lines = [e if isinstance(e, str) else json.dumps(e, ensure_ascii=False) for e in examples]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def chunks(data: bytes, size: int | None) -> list[bytes]:
+    if size is None:
+        return [data]
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def validate(data: bytes, chunk_size: int | None = None, **kwargs: Any) -> FileStats:
+    return validate_chunks(chunks(data, chunk_size), **kwargs)
+
+
+def error(data: bytes, chunk_size: int | None = None, **kwargs: Any) -> FileValidationError:
+    with pytest.raises(FileValidationError) as info:
+        validate(data, chunk_size, **kwargs)
+    return info.value
+
+
+def outcome(data: bytes, chunk_size: int | None, **kwargs: Any) -> object:
+    try:
+        return validate(data, chunk_size, **kwargs)
+    except FileValidationError as exc:
+        return (str(exc), exc.line, exc.field)
+
+
+def user(text: str = "Hi") -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str = "Hello!", **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, **extra}
+
+
+CHAT = {"messages": [{"role": "system", "content": "Be nice."}, user(), assistant()]}
+PC = {"prompt": "2+2=", "completion": "4"}
+TEXT = {"text": "Once upon a time."}
+PREF_OPENAI = {
+    "input": {"messages": [user("Pick one")]},
+    "preferred_output": [assistant("A")],
+    "non_preferred_output": [assistant("B")],
+}
+PREF_PAIRS = {"prompt": "Pick one", "chosen": "A", "rejected": "B"}
+RL_MESSAGES = {"messages": [user("What is 2+2?")], "answer": "4"}
+RL_PROMPT = {"prompt": "What is 2+2?", "answer": "4"}
+
+
+def assert_error(exc: FileValidationError, line: int | None, field: str | None, contains: str = "") -> None:
+    assert exc.line == line, str(exc)
+    assert exc.field == field, str(exc)
+    if line is not None:
+        prefix = f"line {line}: " + (f"field {field!r}: " if field is not None else "")
+        assert str(exc).startswith(prefix), str(exc)
+    assert contains in str(exc)
+
+
+# -- format detection ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("example", "fmt"),
+    [
+        (CHAT, FileFormat.CHAT),
+        (PC, FileFormat.PROMPT_COMPLETION),
+        (TEXT, FileFormat.TEXT),
+        (PREF_OPENAI, FileFormat.PREFERENCE),
+        (PREF_PAIRS, FileFormat.PREFERENCE),
+        (
+            {"prompt": [user("Pick")], "chosen": [assistant("A")], "rejected": [assistant("B")]},
+            FileFormat.PREFERENCE,
+        ),
+        (RL_MESSAGES, FileFormat.PROMPT_ONLY),
+        (RL_PROMPT, FileFormat.PROMPT_ONLY),
+        ({"messages": [user(), assistant(), user("And now?")]}, FileFormat.PROMPT_ONLY),
+    ],
+)
+def test_every_format_is_detected(example: dict[str, Any], fmt: FileFormat) -> None:
+    data = jl(example, example, example)
+    stats = validate(data)
+    assert stats == FileStats(line_count=3, format=fmt, bytes=len(data))
+
+
+def test_method_formats() -> None:
+    assert METHOD_FORMATS["supervised"] == {FileFormat.CHAT, FileFormat.PROMPT_COMPLETION, FileFormat.TEXT}
+    assert METHOD_FORMATS["dpo"] == METHOD_FORMATS["reward_model"] == {FileFormat.PREFERENCE}
+    for method in ("grpo", "ppo", "reinforcement"):
+        assert METHOD_FORMATS[method] == {FileFormat.PROMPT_ONLY}
+    assert isinstance(FileFormat.CHAT, str)
+    assert str(FileFormat.CHAT) == FileFormat.CHAT.value == "chat"
+    assert FileFormat("prompt_only") is FileFormat.PROMPT_ONLY
+
+
+def test_unrecognised_example() -> None:
+    exc = error(jl(CHAT, {"question": "?", "reply": "!"}))
+    assert_error(exc, 2, None, "cannot detect the example's format")
+    assert "'question', 'reply'" in str(exc)
+
+
+def test_mixed_formats_are_rejected() -> None:
+    exc = error(jl(CHAT, CHAT, TEXT))
+    assert str(exc) == "line 3: format 'text' differs from the file's format 'chat' (detected at line 1)"
+    assert_error(exc, 3, None)
+
+
+def test_mixed_formats_report_the_line_the_format_was_detected_at() -> None:
+    exc = error(jl("", PC, PREF_PAIRS))
+    assert str(exc) == (
+        "line 3: format 'preference' differs from the file's format 'prompt_completion' (detected at line 2)"
+    )
+
+
+def test_both_preference_shapes_may_share_a_file() -> None:
+    assert validate(jl(PREF_OPENAI, PREF_PAIRS)).format is FileFormat.PREFERENCE
+
+
+def test_rl_prompts_may_mix_messages_and_prompt_and_carry_extra_fields() -> None:
+    data = jl(RL_MESSAGES, RL_PROMPT, {"prompt": "p", "completion": "reference", "tests": [1, 2]})
+    assert validate(data) == FileStats(line_count=3, format=FileFormat.PROMPT_ONLY, bytes=len(data))
+
+
+def test_extra_top_level_fields_are_ignored() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    chat = {**CHAT, "tools": tools, "parallel_tool_calls": False, "metadata": {"x": 1}}
+    assert validate(jl(chat, chat)).format is FileFormat.CHAT
+    assert validate(jl({**TEXT, "source": "wiki"})).format is FileFormat.TEXT
+
+
+# -- JSON / structure ---------------------------------------------------------------------------------------
+
+
+def test_invalid_json() -> None:
+    exc = error(jl(TEXT, '{"text": "a",}'))
+    assert_error(exc, 2, None, "invalid JSON: ")
+    assert str(exc).startswith("line 2: invalid JSON: Expecting property name")
+
+
+def test_nan_is_not_json() -> None:
+    assert_error(error(jl('{"text": "a", "score": NaN}')), 1, None, "invalid JSON: NaN")
+
+
+def test_deep_nesting_is_an_error_not_a_crash() -> None:
+    assert_error(error(jl(TEXT, "[" * 100_000)), 2, None, "invalid JSON")
+
+
+@pytest.mark.parametrize(("raw", "kind"), [("[1, 2]", "array"), ('"text"', "string"), ("3", "number")])
+def test_each_line_must_be_an_object(raw: str, kind: str) -> None:
+    exc = error(jl(TEXT, raw))
+    assert str(exc) == f"line 2: expected a JSON object, got {kind}"
+    assert_error(exc, 2, None)
+
+
+# -- messages -----------------------------------------------------------------------------------------------
+
+
+def chat_error(*messages: Any) -> FileValidationError:
+    """Error for a chat file whose second example has the given messages."""
+    return error(jl(CHAT, {"messages": list(messages)}))
+
+
+def test_unknown_role() -> None:
+    exc = chat_error(user(), {"role": "bot", "content": "x"})
+    assert str(exc) == (
+        "line 2: field 'messages[1].role': unknown role 'bot' "
+        "(expected system, developer, user, assistant, tool)"
+    )
+    assert_error(exc, 2, "messages[1].role")
+
+
+def test_missing_role() -> None:
+    assert_error(chat_error(user(), {"content": "x"}), 2, "messages[1].role", "missing")
+
+
+def test_role_must_be_a_string() -> None:
+    assert_error(
+        chat_error({"role": 1, "content": "x"}), 2, "messages[0].role", "expected a string, got number"
+    )
+
+
+def test_messages_must_be_a_non_empty_array() -> None:
+    assert_error(error(jl(CHAT, {"messages": []})), 2, "messages", "non-empty")
+    assert_error(error(jl(CHAT, {"messages": "hi"})), 2, "messages", "expected an array, got string")
+
+
+def test_message_must_be_an_object() -> None:
+    assert_error(chat_error(user(), "hello", assistant()), 2, "messages[1]", "expected an object, got string")
+
+
+def test_content_missing() -> None:
+    assert_error(chat_error({"role": "user"}, assistant()), 2, "messages[0].content", "missing")
+    exc = chat_error(user(), {"role": "assistant"})
+    assert_error(exc, 2, "messages[1].content", "content or tool_calls")
+
+
+@pytest.mark.parametrize("content", ["", "   \n"])
+def test_content_must_be_non_empty(content: str) -> None:
+    assert_error(chat_error(user(), assistant(content)), 2, "messages[1].content", "non-empty string")
+
+
+@pytest.mark.parametrize(("content", "kind"), [(None, "null"), (3, "number"), ({"text": "x"}, "object")])
+def test_content_type(content: object, kind: str) -> None:
+    exc = chat_error({"role": "user", "content": content}, assistant())
+    assert_error(exc, 2, "messages[0].content", f"got {kind}")
+
+
+def test_content_as_text_parts() -> None:
+    parts = {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}
+    assert validate(jl({"messages": [parts, assistant()]})).format is FileFormat.CHAT
+    bad_type = {
+        "role": "user",
+        "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}],
+    }
+    assert_error(chat_error(bad_type, assistant()), 2, "messages[0].content[1].type", "'image_url'")
+    empty_text = {"role": "user", "content": [{"type": "text", "text": ""}]}
+    assert_error(chat_error(empty_text, assistant()), 2, "messages[0].content[0].text", "non-empty")
+    no_parts = {"role": "user", "content": []}
+    assert_error(chat_error(no_parts, assistant()), 2, "messages[0].content", "non-empty")
+
+
+TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+
+
+def test_assistant_tool_calls_may_replace_content() -> None:
+    example = {
+        "messages": [
+            user("1+2?"),
+            {"role": "assistant", "tool_calls": [TOOL_CALL]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+            {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+            assistant("It is 3."),
+        ],
+        "tools": [{"type": "function", "function": {"name": "add"}}],
+    }
+    assert validate(jl(example)).format is FileFormat.CHAT
+
+
+def test_tool_calls_only_on_assistant_messages() -> None:
+    exc = chat_error({"role": "user", "content": "x", "tool_calls": [TOOL_CALL]}, assistant())
+    assert_error(exc, 2, "messages[0].tool_calls", "only assistant")
+
+
+def test_tool_calls_shape() -> None:
+    assert_error(
+        chat_error(user(), {"role": "assistant", "tool_calls": []}), 2, "messages[1].tool_calls", "non-empty"
+    )
+    nameless = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"arguments": "{}"}}]}
+    assert_error(chat_error(user(), nameless), 2, "messages[1].tool_calls[0].function.name", "missing")
+
+
+def test_tool_message_needs_content() -> None:
+    exc = chat_error(user(), assistant(), {"role": "tool", "tool_call_id": "c1"}, assistant())
+    assert_error(exc, 2, "messages[2].content", "missing")
+
+
+@pytest.mark.parametrize("weight", [0.5, 2, -1, True, "1", None])
+def test_weight_must_be_0_or_1(weight: object) -> None:
+    exc = chat_error(user(), assistant(weight=weight), user(), assistant())
+    assert_error(exc, 2, "messages[1].weight", "must be 0 or 1")
+
+
+def test_weights_0_and_1_are_accepted() -> None:
+    example = {
+        "messages": [user(), assistant(weight=0), user(), assistant(weight=1), user(), assistant(weight=1.0)]
+    }
+    assert validate(jl(example)).format is FileFormat.CHAT
+
+
+def test_all_assistant_weights_zero() -> None:
+    exc = chat_error(user(), assistant(weight=0), user(), assistant(weight=0))
+    assert str(exc) == "line 2: field 'messages': no assistant message with weight 1"
+    assert_error(exc, 2, "messages")
+
+
+def test_chat_example_needs_an_assistant_message() -> None:
+    exc = error(jl(CHAT, {"messages": [user()]}))
+    assert_error(exc, 2, "messages", "no assistant message")
+
+
+def test_first_chat_example_with_only_zero_weights() -> None:
+    assert_error(error(jl({"messages": [user(), assistant(weight=0)]})), 1, "messages", "weight 1")
+
+
+# -- prompt/completion, text --------------------------------------------------------------------------------
+
+
+def test_prompt_completion_fields() -> None:
+    assert_error(error(jl(PC, {"prompt": "p"})), 2, "completion", "missing")
+    assert_error(error(jl(PC, {"prompt": "p", "completion": ""})), 2, "completion", "non-empty")
+    assert_error(
+        error(jl(PC, {"prompt": 1, "completion": "c"})), 2, "prompt", "expected a string, got number"
+    )
+    assert_error(error(jl({"prompt": "p", "completion": ["c"]})), 1, "completion", "got array")
+
+
+def test_prompt_completion_allows_empty_prompt() -> None:
+    assert validate(jl({"prompt": "", "completion": "c"})).format is FileFormat.PROMPT_COMPLETION
+
+
+def test_text_fields() -> None:
+    assert_error(error(jl(TEXT, {"text": ""})), 2, "text", "non-empty")
+    assert_error(error(jl(TEXT, {"text": None})), 2, "text", "expected a string, got null")
+
+
+# -- preference ---------------------------------------------------------------------------------------------
+
+
+def test_preference_openai_required_fields() -> None:
+    missing = {k: v for k, v in PREF_OPENAI.items() if k != "non_preferred_output"}
+    assert_error(error(jl(PREF_OPENAI, missing)), 2, "non_preferred_output", "missing")
+    no_input = {k: v for k, v in PREF_OPENAI.items() if k != "input"}
+    assert_error(error(jl(PREF_OPENAI, no_input)), 2, "input", "missing")
+    assert_error(error(jl(PREF_OPENAI, {**PREF_OPENAI, "input": "hi"})), 2, "input", "expected an object")
+    assert_error(error(jl(PREF_OPENAI, {**PREF_OPENAI, "input": {}})), 2, "input.messages", "missing")
+    assert_error(
+        error(jl(PREF_OPENAI, {**PREF_OPENAI, "input": {"messages": []}})), 2, "input.messages", "non-empty"
+    )
+    bad_role = {**PREF_OPENAI, "input": {"messages": [{"role": "human", "content": "x"}]}}
+    assert_error(error(jl(PREF_OPENAI, bad_role)), 2, "input.messages[0].role", "unknown role 'human'")
+
+
+def test_preference_openai_outputs_are_assistant_messages() -> None:
+    exc = error(jl(PREF_OPENAI, {**PREF_OPENAI, "preferred_output": [user("A")]}))
+    assert_error(exc, 2, "preferred_output[0].role", "expected 'assistant', got 'user'")
+    exc = error(jl(PREF_OPENAI, {**PREF_OPENAI, "non_preferred_output": []}))
+    assert_error(exc, 2, "non_preferred_output", "non-empty")
+    exc = error(jl(PREF_OPENAI, {**PREF_OPENAI, "preferred_output": "A"}))
+    assert_error(exc, 2, "preferred_output", "expected an array")
+
+
+def test_preference_pairs_fields() -> None:
+    assert_error(error(jl(PREF_PAIRS, {"prompt": "p", "chosen": "a"})), 2, "rejected", "missing")
+    assert_error(error(jl(PREF_PAIRS, {"chosen": "a", "rejected": "b"})), 2, "prompt", "missing")
+    exc = error(jl(PREF_PAIRS, {**PREF_PAIRS, "chosen": 1}))
+    assert_error(exc, 2, "chosen", "expected a non-empty string or a list of messages, got number")
+    assert_error(error(jl(PREF_PAIRS, {**PREF_PAIRS, "rejected": ""})), 2, "rejected", "non-empty")
+    bad = {**PREF_PAIRS, "rejected": [{"role": "assistant", "content": ""}]}
+    assert_error(error(jl(PREF_PAIRS, bad)), 2, "rejected[0].content", "non-empty")
+
+
+def test_preference_chosen_may_equal_rejected() -> None:
+    assert validate(jl({"prompt": "p", "chosen": "same", "rejected": "same"})).line_count == 1
+
+
+# -- RL prompts ---------------------------------------------------------------------------------------------
+
+
+def test_prompt_only_messages_must_not_end_with_assistant() -> None:
+    exc = error(jl(RL_MESSAGES, {"messages": [user(), assistant()]}))
+    assert_error(exc, 2, "messages[1].role", "must not be from the assistant")
+
+
+def test_prompt_only_prompt_must_be_a_non_empty_string() -> None:
+    assert_error(error(jl(RL_PROMPT, {"prompt": ""})), 2, "prompt", "non-empty")
+    assert_error(error(jl(RL_PROMPT, {"prompt": 5})), 2, "prompt", "expected a string")
+
+
+def test_prompt_only_messages_are_validated() -> None:
+    exc = error(jl(RL_MESSAGES, {"messages": [{"role": "user", "content": ""}]}))
+    assert_error(exc, 2, "messages[0].content", "non-empty")
+
+
+# -- file-level rules ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"  \n\t\n\r\n", b"   "])
+def test_empty_file(data: bytes) -> None:
+    exc = error(data)
+    assert str(exc) == "file is empty"
+    assert_error(exc, None, None)
+
+
+def test_too_few_examples() -> None:
+    exc = error(jl(TEXT, "", TEXT), min_examples=10)
+    assert str(exc) == "file has 2 examples; at least 10 are required"
+    assert_error(exc, None, None)
+    assert str(error(jl(TEXT), min_examples=2)) == "file has 1 example; at least 2 are required"
+    assert validate(jl(TEXT, TEXT), min_examples=2).line_count == 2
+
+
+def test_blank_lines_are_skipped_but_counted_as_lines() -> None:
+    data = b"\n" + jl(TEXT) + b"   \n\t\n" + jl(TEXT) + b"\n\n"
+    assert validate(data) == FileStats(line_count=2, format=FileFormat.TEXT, bytes=len(data))
+    bad = b"\n" + jl(TEXT) + b"  \n" + b'{"text": ""}\n'
+    assert_error(error(bad), 4, "text")
+
+
+def test_crlf_line_endings() -> None:
+    data = jl(CHAT, CHAT).replace(b"\n", b"\r\n") + b"\r\n"
+    assert validate(data) == FileStats(line_count=2, format=FileFormat.CHAT, bytes=len(data))
+    bad = jl(TEXT, "", "{oops").replace(b"\n", b"\r\n")
+    assert_error(error(bad), 3, None, "invalid JSON")
+
+
+def test_no_trailing_newline() -> None:
+    data = jl(TEXT, TEXT).rstrip(b"\n")
+    assert validate(data) == FileStats(line_count=2, format=FileFormat.TEXT, bytes=len(data))
+    validator = JsonlValidator()
+    validator.feed(jl(TEXT) + b'{"text": ""}')  # the incomplete last line is only checked by finish()
+    with pytest.raises(FileValidationError) as info:
+        validator.finish()
+    assert_error(info.value, 2, "text", "non-empty")
+
+
+def test_byte_order_mark_is_tolerated() -> None:
+    assert validate(b"\xef\xbb\xbf" + jl(TEXT, TEXT)).line_count == 2
+
+
+# -- encoding and line length -------------------------------------------------------------------------------
+
+
+def test_invalid_utf8_reports_its_line() -> None:
+    data = jl(TEXT, TEXT) + b'{"text": "caf\xe9"}\n' + jl(TEXT)
+    for size in (1, 7, None):
+        exc = error(data, size)
+        assert_error(exc, 3, None, "invalid UTF-8")
+
+
+def test_multibyte_character_split_across_chunks() -> None:
+    data = jl({"text": "héllo wörld 😀 日本語"}, {"text": "ü"})
+    for size in range(1, 8):
+        assert validate(data, size) == FileStats(line_count=2, format=FileFormat.TEXT, bytes=len(data))
+    emoji = "😀".encode()
+    # A split right inside the 4-byte emoji, fed as separate chunks.
+    validator = JsonlValidator()
+    for part in (b'{"text": "', emoji[:1], emoji[1:3], emoji[3:], b'"}\n'):
+        validator.feed(part)
+    assert validator.finish().line_count == 1
+
+
+def test_over_long_line() -> None:
+    limit = 100
+    ok = {"text": "x" * (limit - len('{"text": ""}'))}
+    assert len(json.dumps(ok)) == limit
+    long = {"text": "x" * limit}
+    data = jl(ok, long, ok)
+    for size in (1, 7, None):
+        exc = error(data, size, max_line_bytes=limit)
+        assert str(exc) == f"line 2: line is longer than {limit} bytes"
+        assert_error(exc, 2, None)
+    # Exactly at the limit is fine, with LF or CRLF endings, and without a final newline.
+    assert validate(jl(ok, ok), max_line_bytes=limit).line_count == 2
+    for size in (1, 7, None):
+        assert validate(jl(ok, ok).replace(b"\n", b"\r\n"), size, max_line_bytes=limit).line_count == 2
+    assert validate(jl(ok).rstrip(b"\n"), max_line_bytes=limit).line_count == 1
+
+
+def test_over_long_line_is_rejected_before_it_ends() -> None:
+    """At most one partial line (bounded by the limit) is held: a runaway line fails early."""
+    limit = 1000
+    validator = JsonlValidator(max_line_bytes=limit)
+    validator.feed(jl(TEXT))
+    fed = 0
+    with pytest.raises(FileValidationError) as info:
+        for _ in range(10 * limit):
+            validator.feed(b"x")
+            fed += 1
+    assert fed <= limit + 1
+    assert_error(info.value, 2, None, "longer than")
+
+
+def test_over_long_last_line_without_newline() -> None:
+    exc = error(jl(TEXT) + b"x" * 50, max_line_bytes=40)
+    assert_error(exc, 2, None, "longer than 40 bytes")
+
+
+def test_default_limit_is_4_mib() -> None:
+    big = {"text": "y" * (4 * 1024 * 1024 - 100)}
+    assert validate(jl(big), 64 * 1024).line_count == 1
+    assert_error(error(jl(TEXT, {"text": "y" * (4 * 1024 * 1024)})), 2, None, "longer than 4194304 bytes")
+
+
+# -- incremental feeding ------------------------------------------------------------------------------------
+
+SAMPLES: list[bytes] = [
+    jl(CHAT, CHAT, {"messages": [user("Ünïcødé 😀"), assistant("日本語", weight=1)]}),
+    jl(PC, "", PC).replace(b"\n", b"\r\n"),
+    jl(TEXT, TEXT).rstrip(b"\n"),
+    jl(PREF_OPENAI, PREF_PAIRS),
+    jl(RL_MESSAGES, RL_PROMPT),
+    jl(CHAT, TEXT),
+    jl(CHAT, "{bad json"),
+    jl(TEXT, {"text": "é"}) + b"\xff\xfe\n",
+    jl(CHAT, {"messages": [user(), {"role": "bot", "content": "x"}]}),
+    b"\n\n",
+    jl(TEXT, {"text": 1}).rstrip(b"\n"),
+]
+
+
+@pytest.mark.parametrize("data", SAMPLES)
+def test_chunk_size_does_not_change_the_result(data: bytes) -> None:
+    whole = outcome(data, None)
+    assert outcome(data, 1) == whole
+    assert outcome(data, 7) == whole
+    for size in range(2, 20):
+        assert outcome(data, size) == whole
+
+
+def test_empty_chunks_are_harmless() -> None:
+    validator = JsonlValidator()
+    for part in (b"", jl(TEXT), b"", b""):
+        validator.feed(part)
+    assert validator.finish().line_count == 1
+
+
+# -- validator lifecycle ------------------------------------------------------------------------------------
+
+
+def test_first_error_is_sticky() -> None:
+    validator = JsonlValidator()
+    with pytest.raises(FileValidationError) as first:
+        validator.feed(jl(TEXT, "nope", TEXT))
+    with pytest.raises(FileValidationError) as again:
+        validator.feed(jl(TEXT))
+    assert again.value is first.value
+    with pytest.raises(FileValidationError) as at_finish:
+        validator.finish()
+    assert at_finish.value is first.value
+    assert first.value.line == 2
+
+
+def test_finish_is_idempotent_and_ends_feeding() -> None:
+    validator = JsonlValidator()
+    validator.feed(jl(TEXT))
+    assert validator.format is FileFormat.TEXT
+    stats = validator.finish()
+    assert validator.finish() == stats
+    with pytest.raises(RuntimeError):
+        validator.feed(jl(TEXT))
+
+
+def test_invalid_settings() -> None:
+    with pytest.raises(ValueError, match="min_examples"):
+        JsonlValidator(min_examples=0)
+    with pytest.raises(ValueError, match="max_line_bytes"):
+        JsonlValidator(max_line_bytes=0)
+
+
+def test_error_attributes() -> None:
+    exc = FileValidationError("line 1: field 'x': bad", line=1, field="x")
+    assert (exc.message, exc.line, exc.field) == ("line 1: field 'x': bad", 1, "x")
+    assert str(exc) == "line 1: field 'x': bad"
