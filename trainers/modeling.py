@@ -1,0 +1,103 @@
+"""Load the model to train: base weights, optional LoRA adapter, device, precision, checkpointing.
+
+Shared by every method. Weights are kept in float32 for full fine-tuning (the optimizer updates fp32
+master weights; mixed precision only changes the compute dtype, through autocast). A LoRA run on CUDA
+with bf16 keeps the frozen base in bf16 and the adapter in fp32. On resume, the trainable weights come
+from the checkpoint's ``model/`` folder.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from trainers.checkpoint import MODEL_DIR
+
+PRECISIONS = ("auto", "no", "bf16", "fp16")
+
+
+class ModelSettings(Protocol):
+    model_path: str
+    use_lora: bool
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_target_modules: list[str] | None
+    gradient_checkpointing: bool
+    mixed_precision: str
+    resume_from: str | None
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def autocast_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast compute dtype, or None for plain fp32. Mixed precision is used on CUDA only."""
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(f"mixed_precision must be one of {PRECISIONS}, not {mixed_precision!r}")
+    if device.type != "cuda" or mixed_precision == "no":
+        return None
+    if mixed_precision == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if mixed_precision == "bf16" else torch.float16
+
+
+def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # padding is always masked out, so any id will do
+    return tokenizer
+
+
+def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module:
+    """Base model (+ LoRA adapter), with trainable weights restored from ``settings.resume_from``."""
+    compute = autocast_dtype(settings.mixed_precision, device)
+    resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
+    if settings.use_lora:
+        base_dtype = torch.bfloat16 if compute == torch.bfloat16 else torch.float32
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=base_dtype)
+        model = _add_lora(model, settings)
+        if resume_model is not None:
+            set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
+    else:
+        source = str(resume_model) if resume_model is not None else settings.model_path
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    if settings.gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
+    return model.to(device)
+
+
+def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
+    config = LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=settings.lora_r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=settings.lora_target_modules or "all-linear",  # all-linear excludes the LM head
+    )
+    with warnings.catch_warnings():
+        # peft 0.21 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates (FutureWarning).
+        warnings.filterwarnings(
+            "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        peft_model = get_peft_model(model, config)  # type: ignore[arg-type]
+    assert isinstance(peft_model, PeftModel)
+    return peft_model
+
+
+def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    assert isinstance(base, PreTrainedModel)
+    # Non-reentrant checkpointing works with frozen inputs; input grads are enabled anyway for
+    # models whose layers still use the reentrant variant.
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    base.config.use_cache = False
+    if isinstance(model, PeftModel):
+        base.enable_input_require_grads()
