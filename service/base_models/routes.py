@@ -1,0 +1,31 @@
+"""GET /v1/models: the base models this deployment can fine-tune, in OpenAI's list shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from service.auth import TenantDep
+from service.base_models.catalog import BUILTIN_CREATED_AT, list_base_models, resolve_base_model
+from service.dependencies import SettingsDep
+from service.errors import NotFound
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+
+def _model_object(entry_id: str, owned_by: str) -> dict[str, Any]:
+    return {"id": entry_id, "object": "model", "created": BUILTIN_CREATED_AT, "owned_by": owned_by}
+
+
+@router.get("")
+def list_models(_tenant: TenantDep, settings: SettingsDep) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_object(e.id, e.owned_by) for e in list_base_models(settings)]}
+
+
+@router.get("/{model_id:path}")
+def retrieve_model(model_id: str, _tenant: TenantDep, settings: SettingsDep) -> dict[str, Any]:
+    entry = resolve_base_model(settings, model_id)
+    if entry is None:
+        raise NotFound(f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    return _model_object(entry.id, entry.owned_by)

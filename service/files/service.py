@@ -1,0 +1,77 @@
+"""Rules for training files: store validated uploads, scope every read to the tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.errors import BadRequest, NotFound
+from service.files.upload import UploadResult
+from service.models import File, Tenant
+from service.pagination import page
+from service.storage import get_blob_store
+
+PURPOSES = ("fine-tune",)
+
+
+def new_blob_key(tenant: Tenant, file_id: str) -> str:
+    return f"files/{tenant.id}/{file_id}.jsonl"
+
+
+def record_upload(
+    session: Session, *, tenant: Tenant, file_id: str, blob_key: str, upload: UploadResult
+) -> File:
+    purpose = upload.fields.get("purpose")
+    if purpose is None:
+        raise BadRequest(
+            "missing required parameter 'purpose'", param="purpose", code="missing_required_parameter"
+        )
+    if purpose not in PURPOSES:
+        raise BadRequest(
+            f"purpose '{purpose}' is not supported; use one of {', '.join(PURPOSES)}",
+            param="purpose",
+            code="invalid_value",
+        )
+    row = File(
+        id=file_id,
+        tenant_id=tenant.id,
+        filename=upload.filename,
+        purpose=purpose,
+        bytes=upload.stats.bytes,
+        sha256=upload.sha256,
+        line_count=upload.stats.line_count,
+        format=upload.stats.format.value,
+        blob_key=blob_key,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_file(session: Session, *, tenant: Tenant, file_id: str, param: str = "file_id") -> File:
+    row = session.scalar(select(File).where(File.id == file_id, File.tenant_id == tenant.id))
+    if row is None:
+        raise NotFound(f"No such File object: {file_id}", param=param, code="file_not_found")
+    return row
+
+
+def list_files(
+    session: Session, *, tenant: Tenant, purpose: str | None, after: str | None, limit: int, order: str
+) -> tuple[Sequence[File], bool]:
+    stmt = select(File).where(File.tenant_id == tenant.id)
+    if purpose:
+        stmt = stmt.where(File.purpose == purpose)
+    if order not in ("asc", "desc"):
+        raise BadRequest("order must be 'asc' or 'desc'", param="order")
+    return page(session, stmt, File.id, after=after, limit=limit, order="asc" if order == "asc" else "desc")
+
+
+def delete_file(session: Session, *, tenant: Tenant, file_id: str) -> None:
+    row = get_file(session, tenant=tenant, file_id=file_id)
+    session.delete(row)
+    session.flush()
+    # the row goes first: a crash between the two leaves an orphan blob, never a row without bytes
+    session.commit()
+    get_blob_store().delete(row.blob_key)

@@ -1,0 +1,126 @@
+"""Fine-tuning API objects in OpenAI's shapes, plus documented extensions (progress, metrics)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from service.models import Checkpoint, Job, JobEvent, JobMetric
+
+JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused"]
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    # extension: "user" when the data or spec was at fault, "system" when we were
+    fault: Literal["user", "system"] = "system"
+
+
+class JobObject(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int
+    error: JobError | None
+    fine_tuned_model: str | None
+    finished_at: int | None
+    hyperparameters: dict[str, Any]
+    model: str
+    organization_id: str
+    result_files: list[str]
+    seed: int
+    status: JobStatus
+    trained_tokens: int | None
+    training_file: str
+    validation_file: str | None
+    estimated_finish: int | None = None
+    integrations: list[dict[str, Any]] = []
+    metadata: dict[str, str] | None
+    method: dict[str, Any]
+    user_provided_suffix: str | None
+    # extensions
+    started_at: int | None
+    current_step: int
+    total_steps: int | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobObject:
+        method_type = job.method["type"]
+        hp = dict(job.method.get(method_type, {}).get("hyperparameters", {}))
+        legacy = {k: hp[k] for k in ("n_epochs", "batch_size", "learning_rate_multiplier") if k in hp}
+        return cls(
+            id=job.id,
+            created_at=job.created_at,
+            error=JobError(**job.error) if job.error else None,
+            fine_tuned_model=job.fine_tuned_model,
+            finished_at=job.finished_at,
+            hyperparameters=legacy,
+            model=job.model,
+            organization_id=job.tenant_id,
+            result_files=[],
+            seed=job.seed,
+            status=job.status,  # type: ignore[arg-type]
+            trained_tokens=job.trained_tokens,
+            training_file=job.training_file,
+            validation_file=job.validation_file,
+            metadata=job.user_metadata,
+            method=job.method,
+            user_provided_suffix=job.suffix,
+            started_at=job.started_at,
+            current_step=job.current_step,
+            total_steps=job.total_steps,
+        )
+
+
+class EventObject(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: str
+    message: str
+    type: str
+    data: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, event: JobEvent) -> EventObject:
+        return cls(
+            id=event.id,
+            created_at=event.created_at,
+            level=event.level,
+            message=event.message,
+            type=event.type,
+            data=event.data,
+        )
+
+
+class CheckpointObject(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    metrics: dict[str, float]
+    step_number: int
+    # extensions
+    bytes: int
+    is_final: bool
+
+    @classmethod
+    def of(cls, ckpt: Checkpoint) -> CheckpointObject:
+        return cls(
+            id=ckpt.id,
+            created_at=ckpt.created_at,
+            fine_tuned_model_checkpoint=ckpt.fine_tuned_model_checkpoint,
+            fine_tuning_job_id=ckpt.job_id,
+            metrics=ckpt.metrics,
+            step_number=ckpt.step,
+            bytes=ckpt.bytes,
+            is_final=ckpt.is_final,
+        )
+
+
+def metric_object(row: JobMetric) -> dict[str, Any]:
+    return {"object": "fine_tuning.job.metric", "step": row.step, "epoch": row.epoch, **row.values}

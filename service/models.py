@@ -1,0 +1,119 @@
+"""SQLAlchemy models: everything that must survive a restart. Change them only with a migration."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from service.ids import now
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    # the public part of the key, used to find the row; the secret is only stored as its hash
+    lookup: Mapped[str] = mapped_column(String(32), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class File(Base):
+    __tablename__ = "files"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(500))
+    purpose: Mapped[str] = mapped_column(String(40))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    line_count: Mapped[int] = mapped_column(Integer)
+    format: Mapped[str] = mapped_column(String(40))
+    blob_key: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    __table_args__ = (Index("ix_files_tenant_id_id", "tenant_id", "id"),)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(500))
+    training_file: Mapped[str] = mapped_column(String(40))
+    validation_file: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # the method object with "auto" already resolved: {"type": T, T: {"hyperparameters": {...}}}
+    method: Mapped[dict[str, Any]] = mapped_column(JSON)
+    suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    status: Mapped[str] = mapped_column(String(32), default="validating_files")
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    trained_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # progress, for dashboards and `jobs wait`
+    total_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    current_step: Mapped[int] = mapped_column(Integer, default=0)
+    # the lease: which worker runs the job and when it last proved it is alive
+    worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    __table_args__ = (
+        Index("ix_jobs_tenant_id_id", "tenant_id", "id"),
+        Index("ix_jobs_status", "status"),
+    )
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    # an integer sequence gives events a strict order even within one millisecond
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    level: Mapped[str] = mapped_column(String(10), default="info")
+    message: Mapped[str] = mapped_column(Text)
+    type: Mapped[str] = mapped_column(String(20), default="message")
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class JobMetric(Base):
+    __tablename__ = "job_metrics"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[float] = mapped_column(Float)
+    # {"loss": .., "learning_rate": .., "valid_loss": ..}: methods log different metrics
+    values: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    fine_tuned_model_checkpoint: Mapped[str] = mapped_column(String(600))
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # a tar of the Hugging Face model folder (what users download)
+    blob_key: Mapped[str] = mapped_column(String(500))
+    # a tar of the training state (optimizer, RNG, data position) to resume from; None for final exports
+    state_blob_key: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    is_final: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)

@@ -1,0 +1,172 @@
+"""`tunehouse up`: the whole service on one machine with no servers to install.
+
+SQLite, kombu's filesystem broker and a blob folder, all under the data dir; the API (uvicorn) and
+one worker run as child processes. A local API key is created once and kept in the data dir; a demo
+SFT job on the bundled tiny model is submitted and its progress printed, unless --no-demo.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEMO_HYPERPARAMETERS = {"n_epochs": 4, "batch_size": 8, "learning_rate": 3e-3, "lora_r": 16, "lora_alpha": 32}
+
+
+class EmbeddedError(Exception):
+    pass
+
+
+def _local_key(data_dir: Path) -> str:
+    """The embedded instance's own key, created on first start and kept (mode 600) in the data dir."""
+    from service.auth import create_api_key, tenant_for_key
+    from service.db import session_scope
+
+    key_file = data_dir / "local_api_key"
+    with session_scope() as session:
+        if key_file.exists():
+            key = key_file.read_text().strip()
+            if tenant_for_key(session, key) is not None:
+                return key
+        _, key = create_api_key(session, tenant_name="local", key_name="tunehouse up")
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    return key
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex((host, port)) != 0
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EmbeddedError(f"the API process exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise EmbeddedError(f"the API did not become ready at {url} within {timeout:.0f}s")
+
+
+def submit_demo(client: httpx.Client) -> str:
+    demo = resources.files("trainers") / "assets" / "demo_sft.jsonl"
+    upload = client.post(
+        "/v1/files", files={"file": ("demo_sft.jsonl", demo.read_bytes())}, data={"purpose": "fine-tune"}
+    )
+    upload.raise_for_status()
+    job = client.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": "tunehouse/tiny-llama",
+            "training_file": upload.json()["id"],
+            "suffix": "demo",
+            "seed": 0,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": DEMO_HYPERPARAMETERS}},
+        },
+    )
+    job.raise_for_status()
+    return str(job.json()["id"])
+
+
+def watch_job(client: httpx.Client, job_id: str, started: float) -> dict[str, Any]:
+    """Print each new metric row until the job ends; returns the final job object."""
+    after: int | None = None
+    while True:
+        params = {"after": after} if after is not None else {}
+        for row in client.get(f"/v1/fine_tuning/jobs/{job_id}/metrics", params=params).json()["data"]:
+            after = row["step"]
+            print(
+                f"  [{time.monotonic() - started:6.1f}s] step {row['step']:>3}"
+                f"  loss {row.get('loss', float('nan')):.4f}"
+                f"  lr {row.get('learning_rate', 0):.2e}",
+                flush=True,
+            )
+        job: dict[str, Any] = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled") and after == job.get("current_step", after):
+            return job
+        time.sleep(0.5)
+
+
+def run_embedded(*, host: str, port: int, demo: bool) -> int:
+    started = time.monotonic()
+    from service.config import get_settings
+    from service.migrate import upgrade_head
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if not _port_free(host, port):
+        print(f"tunehouse: port {port} on {host} is already in use; pass --port", file=sys.stderr)
+        return 2
+    upgrade_head(settings.database_url)
+    key = _local_key(settings.data_dir)
+    env = {**os.environ, "TUNEHOUSE_DATA_DIR": str(settings.data_dir)}
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "service.app:app",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"], env=env
+    )
+    children = [api, worker]
+    url = f"http://{host}:{port}"
+    try:
+        _wait_ready(url, api)
+        print(f"tunehouse is up at {url}  (data dir {settings.data_dir})", flush=True)
+        print(f"API key: {key}", flush=True)
+        print(f"try: curl -H 'Authorization: Bearer {key}' {url}/v1/fine_tuning/jobs", flush=True)
+        if demo:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+                job_id = submit_demo(client)
+                print(
+                    f"demo: submitted SFT job {job_id} on tunehouse/tiny-llama; watching it train", flush=True
+                )
+                job = watch_job(client, job_id, started)
+                print(
+                    f"demo: job {job_id} {job['status']}"
+                    + (f"; model {job['fine_tuned_model']}" if job.get("fine_tuned_model") else "")
+                    + (f"; error: {job['error']['message']}" if job.get("error") else ""),
+                    flush=True,
+                )
+        print("tunehouse is running; press Ctrl-C to stop", flush=True)
+        while all(c.poll() is None for c in children):
+            time.sleep(0.5)
+        return 1
+    except EmbeddedError as exc:
+        print(f"tunehouse: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()

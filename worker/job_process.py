@@ -1,0 +1,237 @@
+"""One job in one fresh process: `python -m worker.job_process JOB_ID WORKER_ID`.
+
+Loads the job and its files, resolves the base model, resumes from the job's latest checkpoint if
+there is one, runs the trainer with a JobReporter, and records the outcome while holding the lease.
+Exits 0 whenever the outcome is recorded (succeeded, failed with a reason, cancelled).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import shutil
+import sys
+import tarfile
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from trainers.sft import SFTConfig, train_sft
+
+from service.base_models.catalog import resolve_base_model
+from service.config import Settings, get_settings
+from service.db import session_scope
+from service.jobs.events import add_event
+from service.jobs.spec import SupervisedHyperparameters, learning_rate, load_method
+from service.models import Checkpoint, File, Job
+from service.storage import LocalBlobStore, get_blob_store
+from trainers.errors import DataError
+from worker import lease
+from worker.reporter import JobReporter
+
+log = logging.getLogger("tunehouse.worker")
+
+
+class JobSpecError(Exception):
+    """The job cannot run because of its spec or inputs (the user's side)."""
+
+    def __init__(self, message: str, *, param: str | None, code: str) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+def resolve_model_path(settings: Settings, name: str) -> str:
+    entry = resolve_base_model(settings, name)
+    if entry is None:
+        raise JobSpecError(
+            f"model '{name}' is no longer available on this deployment",
+            param="model",
+            code="model_not_available",
+        )
+    if entry.source == "builtin":
+        return str(ensure_tiny_model(settings.models_dir / "tiny-llama"))
+    return entry.path or entry.id
+
+
+def ensure_tiny_model(target: Path) -> Path:
+    """Build the bundled demo model once per data dir; a file lock keeps concurrent workers apart."""
+    from trainers.tiny_model import build_tiny_model
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / ".tiny-llama.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
+            build_tiny_model(tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+    return target
+
+
+def read_rows(blobs: LocalBlobStore, file_row: File | None, *, param: str) -> list[dict[str, Any]]:
+    if file_row is None:
+        raise JobSpecError(f"{param} was deleted before the job ran", param=param, code="file_not_found")
+    rows = []
+    with blobs.open(file_row.blob_key) as fh:
+        for raw in fh:
+            if raw.strip():
+                rows.append(json.loads(raw))
+    return rows
+
+
+def sft_config(
+    hp: SupervisedHyperparameters, *, model_path: str, output_dir: Path, seed: int, resume_from: Path | None
+) -> SFTConfig:
+    assert hp.n_epochs != "auto" and hp.batch_size != "auto", "hyperparameters are resolved at creation"
+    return SFTConfig(
+        model_path=model_path,
+        output_dir=str(output_dir),
+        use_lora=hp.lora,
+        lora_r=hp.lora_r,
+        lora_alpha=hp.lora_alpha,
+        lora_dropout=hp.lora_dropout,
+        lora_target_modules=hp.lora_target_modules,
+        max_length=hp.max_length,
+        packing=hp.packing,
+        n_epochs=hp.n_epochs,
+        batch_size=hp.batch_size,
+        gradient_accumulation_steps=hp.gradient_accumulation_steps,
+        learning_rate=learning_rate(hp),
+        lr_scheduler=hp.lr_scheduler,
+        warmup_ratio=hp.warmup_ratio,
+        weight_decay=hp.weight_decay,
+        max_grad_norm=hp.max_grad_norm,
+        mixed_precision=hp.mixed_precision,
+        gradient_checkpointing=hp.gradient_checkpointing,
+        seed=seed,
+        max_steps=hp.max_steps,
+        save_steps=hp.save_steps,
+        eval_steps=hp.eval_steps,
+        resume_from=str(resume_from) if resume_from else None,
+    )
+
+
+def restore_latest_checkpoint(blobs: LocalBlobStore, job_id: str, workdir: Path) -> tuple[Path | None, int]:
+    with session_scope() as session:
+        ckpt = session.scalars(
+            select(Checkpoint)
+            .where(Checkpoint.job_id == job_id, Checkpoint.state_blob_key.is_not(None))
+            .order_by(Checkpoint.step.desc())
+            .limit(1)
+        ).first()
+    if ckpt is None or ckpt.state_blob_key is None:
+        return None, 0
+    folder = workdir / "resume"
+    for part, key in (("model", ckpt.blob_key), ("state", ckpt.state_blob_key)):
+        (folder / part).mkdir(parents=True, exist_ok=True)
+        with blobs.open(key) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
+            tar.extractall(folder / part, filter="data")
+    return folder, ckpt.step
+
+
+def _fail(job_id: str, worker_id: str, *, code: str, message: str, param: str | None, fault: str) -> None:
+    with session_scope() as session:
+        error = {"code": code, "message": message, "param": param, "fault": fault}
+        if lease.finish(session, job_id=job_id, worker_id=worker_id, status="failed", error=error):
+            add_event(
+                session, job_id, f"Job failed: {message}", level="error", data={"code": code, "fault": fault}
+            )
+
+
+def run(job_id: str, worker_id: str) -> None:
+    settings = get_settings()
+    blobs = get_blob_store()
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        training = session.get(File, job.training_file)
+        validation = session.get(File, job.validation_file) if job.validation_file else None
+        session.expunge_all()
+    method = load_method(job.method)
+    assert method.supervised is not None, "only supervised jobs reach the worker today"
+    fine_tuned_model = f"ft:{job.model}:{job.tenant_id}:{job.suffix or ''}:{job.id}"
+    workdir = Path(tempfile.mkdtemp(dir=settings.data_dir, prefix=f"work-{job_id}-"))
+    try:
+        model_path = resolve_model_path(settings, job.model)
+        train_rows = read_rows(blobs, training, param="training_file")
+        valid_rows = read_rows(blobs, validation, param="validation_file") if job.validation_file else None
+        resume_from, resume_step = restore_latest_checkpoint(blobs, job_id, workdir)
+        if resume_from is not None:
+            with session_scope() as session:
+                add_event(session, job_id, f"Resuming from the checkpoint at step {resume_step}")
+        config = sft_config(
+            method.supervised.hyperparameters,
+            model_path=model_path,
+            output_dir=workdir / "out",
+            seed=job.seed,
+            resume_from=resume_from,
+        )
+        publisher = None
+        if settings.redis_url:
+            import redis
+
+            publisher = redis.Redis.from_url(settings.redis_url)
+        reporter = JobReporter(
+            job_id=job_id,
+            tenant_id=job.tenant_id,
+            worker_id=worker_id,
+            fine_tuned_model=fine_tuned_model,
+            settings=settings,
+            blobs=blobs,
+            publisher=publisher,
+        )
+        result = train_sft(config, train_rows, valid_rows, reporter)
+        reporter.flush()
+        if result.stopped is not None:
+            with session_scope() as session:
+                add_event(
+                    session, job_id, f"Training stopped at step {result.steps} ({result.stopped.value})"
+                )
+            return
+        tokens = reporter.last_row.get("trained_tokens")
+        with session_scope() as session:
+            if lease.finish(
+                session,
+                job_id=job_id,
+                worker_id=worker_id,
+                status="succeeded",
+                fine_tuned_model=fine_tuned_model,
+                trained_tokens=int(tokens) if tokens is not None else None,
+            ):
+                add_event(
+                    session,
+                    job_id,
+                    "The job has successfully completed",
+                    data={"fine_tuned_model": fine_tuned_model},
+                )
+    except DataError as exc:
+        _fail(
+            job_id,
+            worker_id,
+            code="invalid_training_data",
+            message=exc.message,
+            param=exc.param or "training_file",
+            fault="user",
+        )
+    except JobSpecError as exc:
+        _fail(job_id, worker_id, code=exc.code, message=exc.message, param=exc.param, fault="user")
+    except Exception as exc:
+        log.error("job %s failed:\n%s", job_id, traceback.format_exc())
+        _fail(
+            job_id,
+            worker_id,
+            code="internal_error",
+            message=f"{type(exc).__name__}: {exc}",
+            param=None,
+            fault="system",
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(sys.argv[1], sys.argv[2])
