@@ -65,7 +65,13 @@ class NotImplementedYet(AppError):
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "form")]
+    # pydantic adds union-member tags ("constrained-int", "literal['auto']") to locations; they are not
+    # parameters, so keep only field names and list indexes
+    parts = [
+        str(p)
+        for p in loc
+        if p not in ("body", "query", "path", "form") and (isinstance(p, int) or str(p).isidentifier())
+    ]
     out = ""
     for part in parts:
         out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)

@@ -1,0 +1,59 @@
+"""Small helpers shared by the service and end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def chat_rows(n: int = 16) -> list[dict[str, Any]]:
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {i} plus {i}?"},
+                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+            ]
+        }
+        for i in range(n)
+    ]
+
+
+def upload(client: httpx.Client, data: bytes, name: str = "train.jsonl", purpose: str = "fine-tune") -> httpx.Response:
+    return client.post("/v1/files", files={"file": (name, data)}, data={"purpose": purpose})
+
+
+def upload_ok(client: httpx.Client, rows: list[dict[str, Any]]) -> str:
+    response = upload(client, jsonl(rows))
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+def wait_for(client: httpx.Client, job_id: str, statuses: tuple[str, ...] = TERMINAL, timeout: float = 240) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.3)
+    raise TimeoutError(f"job {job_id} did not reach {statuses}; last: {job}")
+
+
+def all_pages(client: httpx.Client, path: str, **params: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    after = None
+    while True:
+        query = dict(params, **({"after": after} if after is not None else {}))
+        body = client.get(path, params=query).json()
+        out += body["data"]
+        if not body["has_more"]:
+            return out
+        after = body["data"][-1]["id"] if "id" in body["data"][-1] else body["data"][-1]["step"]

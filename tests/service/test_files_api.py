@@ -1,0 +1,115 @@
+"""Files API: streamed, validated uploads; OpenAI shapes; nothing stored on rejection."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import httpx
+from sqlalchemy import func, select
+
+from service.config import get_settings
+from service.db import session_scope
+from service.models import File
+from tests.conftest import MAX_UPLOAD_BYTES
+from tests.helpers import chat_rows, jsonl, upload
+
+
+def _blob_count() -> int:
+    root = get_settings().data_dir / "blobs" / "files"
+    return sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def _file_rows() -> int:
+    with session_scope() as session:
+        return int(session.scalar(select(func.count()).select_from(File)) or 0)
+
+
+def test_upload_list_retrieve_content_delete(client: httpx.Client) -> None:
+    data = jsonl(chat_rows(5))
+    response = upload(client, data, name="chat.jsonl")
+    assert response.status_code == 200, response.text
+    obj = response.json()
+    assert obj["object"] == "file" and obj["id"].startswith("file-")
+    assert obj["bytes"] == len(data) and obj["filename"] == "chat.jsonl" and obj["purpose"] == "fine-tune"
+    assert obj["status"] == "processed" and obj["format"] == "chat" and obj["line_count"] == 5
+    assert obj["sha256"] == hashlib.sha256(data).hexdigest()
+
+    assert client.get(f"/v1/files/{obj['id']}").json() == obj
+    assert client.get(f"/v1/files/{obj['id']}/content").content == data
+    listing = client.get("/v1/files").json()
+    assert listing["object"] == "list" and [f["id"] for f in listing["data"]] == [obj["id"]]
+
+    deleted = client.delete(f"/v1/files/{obj['id']}")
+    assert deleted.json() == {"id": obj["id"], "object": "file", "deleted": True}
+    assert client.get(f"/v1/files/{obj['id']}").status_code == 404
+
+
+def test_every_format_is_detected(client: httpx.Client) -> None:
+    cases = {
+        "prompt_completion": [{"prompt": "a", "completion": "b"}],
+        "text": [{"text": "plain text for continued pre-training"}],
+        "preference": [{"prompt": "q", "chosen": "good", "rejected": "bad"}],
+        "prompt_only": [{"messages": [{"role": "user", "content": "2+2?"}], "answer": "4"}],
+    }
+    for expected, rows in cases.items():
+        response = upload(client, jsonl(rows))
+        assert response.status_code == 200, response.text
+        assert response.json()["format"] == expected
+
+
+def test_rejections_name_line_and_field_and_store_nothing(client: httpx.Client) -> None:
+    good = json.dumps(chat_rows(1)[0])
+    cases = [
+        (b"\xff\xfe not utf-8\n", "line 1"),
+        (f"{good}\n{{not json\n".encode(), "line 2"),
+        (f"{good}\n[1, 2]\n".encode(), "line 2"),
+        (f'{good}\n{{"messages": [{{"role": "user", "content": "hi"}}, {{"role": "bot", "content": "x"}}]}}\n'.encode(),
+         "messages[1].role"),
+        (f'{good}\n{{"messages": [{{"role": "user", "content": ""}}, {{"role": "assistant", "content": "x"}}]}}\n'
+         .encode(), "messages[0].content"),
+        (f'{good}\n{{"text": "mixed formats"}}\n'.encode(), "line 2"),
+        (b"", "empty"),
+    ]
+    rows_before, blobs_before = _file_rows(), _blob_count()
+    for data, needle in cases:
+        response = upload(client, data)
+        assert response.status_code == 400, (data, response.text)
+        error = response.json()["error"]
+        assert needle in error["message"], (needle, error)
+        assert error["param"] == "file" and error["code"] == "invalid_file"
+    assert _file_rows() == rows_before
+    assert _blob_count() == blobs_before
+
+
+def test_size_limit_is_enforced_while_streaming(client: httpx.Client) -> None:
+    line = (json.dumps({"text": "x" * 1000}) + "\n").encode()
+    data = line * (MAX_UPLOAD_BYTES // len(line) + 10)
+    blobs_before = _blob_count()
+    response = upload(client, data)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "file_too_large"
+    assert _blob_count() == blobs_before
+
+
+def test_purpose_is_required_and_checked(client: httpx.Client) -> None:
+    data = jsonl(chat_rows(1))
+    response = client.post("/v1/files", files={"file": ("a.jsonl", data)})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "purpose"
+    response = upload(client, data, purpose="assistants")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "purpose"
+
+
+def test_missing_file_part(client: httpx.Client) -> None:
+    response = client.post("/v1/files", data={"purpose": "fine-tune"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "file"
+
+
+def test_list_pagination(client: httpx.Client) -> None:
+    ids = [upload(client, jsonl(chat_rows(1))).json()["id"] for _ in range(5)]
+    first = client.get("/v1/files", params={"limit": 2}).json()
+    assert [f["id"] for f in first["data"]] == ids[::-1][:2] and first["has_more"] is True
+    rest = client.get("/v1/files", params={"limit": 10, "after": first["last_id"]}).json()
+    assert [f["id"] for f in rest["data"]] == ids[::-1][2:] and rest["has_more"] is False
+    assert client.get("/v1/files", params={"limit": 0}).status_code == 400
