@@ -97,7 +97,11 @@ def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     assert isinstance(base, PreTrainedModel)
     # Non-reentrant checkpointing works with frozen inputs; input grads are enabled anyway for
     # models whose layers still use the reentrant variant.
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5 renamed the method
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     base.config.use_cache = False
     if isinstance(model, PeftModel):
         base.enable_input_require_grads()
