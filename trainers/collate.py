@@ -1,11 +1,12 @@
 """Collate tokenized SFT examples into model inputs: right-padded, or packed without padding.
 
 Packing concatenates the examples of a micro-batch into one row and restarts ``position_ids`` at 0 for
-each example, with no attention mask. transformers (>= 5) derives from such position ids a
+each example, with no attention mask. From such position ids transformers (>= 5) derives a
 block-diagonal causal mask for the sdpa/eager/flex attention paths and ``cu_seqlens`` for
-flash-attention, so packed examples never attend to one another (tests/trainers/test_packing.py checks
-that packed and padded batches give the same per-example losses). The first token of every example has
-no target, so no loss crosses an example boundary.
+flash-attention, so packed examples never attend to one another -- provided the forward pass gets
+``use_cache=False``, as with a KV cache transformers skips that detection. tests/trainers/test_packing.py
+checks that packed and padded batches give the same per-example losses. The first token of every
+example has no target, so no loss crosses an example boundary.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def sft_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
-        use_cache=False,
+        use_cache=False,  # also required for packing: with a cache, transformers ignores packed position ids
     ).logits
     sums = token_cross_entropy(logits, batch.labels)
     return LossSums(loss=sums.loss_sum, metrics={"mean_token_accuracy": float(sums.n_correct)})
