@@ -1,0 +1,36 @@
+# One target per chore. `make run` and `make test` work on a fresh machine: they create .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint format bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	# torch first and pinned: on a CPU machine this takes the local CPU wheel instead of GBs of CUDA packages
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(VENV)/bin/tunehouse up $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy service worker tunehouse trainers
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: setup
+	$(PY) -m pytest bench -m slow -p no:cacheprovider $(ARGS)
+
+clean:
+	rm -rf $(VENV) .tunehouse .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,75 @@
+"""`tunehouse up` on the embedded default (SQLite, filesystem broker, local blobs): the demo job trains."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import free_port
+
+
+def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHOUSE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunehouse.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("demo: job ") for line in lines):
+            assert time.monotonic() < deadline, "".join(lines)
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(lines)
+            lines.append(line)
+        output = "".join(lines)
+        assert re.search(r"demo: job ftjob-\S+ succeeded; model ft:tunehouse/tiny-llama:", output), output
+        assert re.search(r"step\s+1\s+loss", output)
+        key = re.search(r"API key: (\S+)", output)
+        assert key is not None
+
+        headers = {"Authorization": f"Bearer {key.group(1)}"}
+        jobs = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs", headers=headers).json()["data"]
+        assert [j["status"] for j in jobs] == ["succeeded"]
+        metrics = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}/metrics",
+                            headers=headers).json()["data"]
+        assert metrics[-1]["loss"] < metrics[0]["loss"]
+        # the embedded default really is embedded: SQLite file, filesystem broker, blob folder
+        data = tmp_path / "data"
+        assert (data / "tunehouse.sqlite").exists() and (data / "broker").is_dir()
+        assert any((data / "blobs" / "checkpoints").rglob("*-model.tar"))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        finally:
+            proc.stdout.close()
+    assert proc.returncode == 0
+
+
+def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHOUSE_")}
+        result = subprocess.run(
+            [sys.executable, "-m", "tunehouse.cli", "up", "--port", str(port), "--data-dir", str(tmp_path)],
+            env=env, capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 2
+    assert f"port {port}" in result.stderr and "Traceback" not in result.stderr
