@@ -132,13 +132,22 @@ def _save_model(
         if final:
             merged = model.merge_and_unload()
             assert isinstance(merged, PreTrainedModel)
-            merged.save_pretrained(path)
+            _export(merged, path)
         else:
-            model.save_pretrained(path)  # the adapter only
+            model.save_pretrained(str(path))  # the adapter only
     else:
         assert isinstance(model, PreTrainedModel)
-        model.save_pretrained(path)
+        if final:
+            _export(model, path)
+        else:
+            model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+def _export(model: PreTrainedModel, path: Path) -> None:
+    """Save for inference: gradient checkpointing turns the KV cache off in the config; turn it back on."""
+    model.config.use_cache = True
+    model.save_pretrained(path)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

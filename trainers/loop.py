@@ -180,7 +180,7 @@ class _Loop(Generic[E, B]):
         for batch in batches:
             out = self._forward(batch.to(self.device))
             scaled = out.loss / denominator
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()  # type: ignore[no-untyped-call]
             loss_sum += float(out.loss.detach().item())
             for key, value in out.metrics.items():
                 metric_sums[key] = metric_sums.get(key, 0.0) + value

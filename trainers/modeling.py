@@ -71,7 +71,7 @@ def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if settings.gradient_checkpointing:
         _enable_gradient_checkpointing(model)
-    return model.to(device)
+    return torch.nn.Module.to(model, device)  # (transformers' typed `to` rejects a device)
 
 
 def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
@@ -87,7 +87,7 @@ def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
         warnings.filterwarnings(
             "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
         )
-        peft_model = get_peft_model(model, config)  # type: ignore[arg-type]
+        peft_model = get_peft_model(model, config)
     assert isinstance(peft_model, PeftModel)
     return peft_model
 
@@ -101,7 +101,7 @@ def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5 renamed the method
         base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[no-untyped-call]
     base.config.use_cache = False
     if isinstance(model, PeftModel):
-        base.enable_input_require_grads()
+        base.enable_input_require_grads()  # type: ignore[no-untyped-call]

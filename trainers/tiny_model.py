@@ -60,7 +60,7 @@ def _train_tokenizer() -> PreTrainedTokenizerFast:
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
     )
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token=BOS,
         eos_token=EOS,
@@ -95,7 +95,7 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

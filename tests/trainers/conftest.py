@@ -1,4 +1,4 @@
-"""Shared fixtures for trainer tests: one tiny Llama per session, the demo rows, a recording callback."""
+"""Shared fixtures for trainer tests: one tiny Llama per session, the demo rows, an SFTConfig factory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from trainers.loop import CheckpointInfo, NullCallbacks, StopRequest
 from trainers.sft import SFTConfig
 from trainers.tiny_model import DEMO_SFT_PATH, build_tiny_model
 
@@ -42,37 +41,3 @@ def make_config(tiny_model_path: Path, tmp_path: Path) -> Callable[..., SFTConfi
         return SFTConfig(**(fields | overrides))
 
     return make
-
-
-class Recorder(NullCallbacks):
-    """Records every callback; ``stop_after`` maps a step count to the stop request issued once it is done."""
-
-    def __init__(self, stop_after: dict[int, StopRequest] | None = None) -> None:
-        self.stop_after = stop_after or {}
-        self.begin: dict[str, int] = {}
-        self.steps: list[dict[str, float]] = []
-        self.evals: list[dict[str, float]] = []
-        self.epochs: list[tuple[int, int]] = []
-        self.checkpoints: list[CheckpointInfo] = []
-
-    def on_train_begin(self, *, total_steps: int, n_epochs: int) -> None:
-        self.begin = {"total_steps": total_steps, "n_epochs": n_epochs}
-
-    def on_step(self, row: dict[str, float]) -> None:
-        self.steps.append(row)
-
-    def on_eval(self, row: dict[str, float]) -> None:
-        self.evals.append(row)
-
-    def on_epoch_end(self, *, epoch: int, step: int) -> None:
-        self.epochs.append((epoch, step))
-
-    def on_checkpoint(self, ckpt: CheckpointInfo) -> None:
-        self.checkpoints.append(ckpt)
-
-    def should_stop(self) -> StopRequest | None:
-        return self.stop_after.get(len(self.steps))
-
-    @property
-    def losses(self) -> list[float]:
-        return [row["loss"] for row in self.steps]

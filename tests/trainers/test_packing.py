@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from tests.trainers.conftest import Recorder
+from tests.trainers.helpers import Recorder
 from trainers.collate import pack_batch, pad_batch
 from trainers.data import TokenizedExample, tokenize_sft_rows
 from trainers.losses import token_cross_entropy

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainers.conftest import Recorder
+from tests.trainers.helpers import Recorder
 from trainers.loop import StopRequest
 from trainers.sft import SFTConfig, train_sft
 

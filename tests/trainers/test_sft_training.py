@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.trainers.conftest import Recorder
+from tests.trainers.helpers import Recorder
 from trainers.sft import SFTConfig, train_sft
 
 STEP_KEYS = {
