@@ -1,0 +1,69 @@
+"""Nothing lost when a worker dies: a killed worker's job is requeued by another worker's reaper and
+resumes from its latest checkpoint, then finishes with every step's metrics recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.conftest import REDIS, _stop, start_server
+from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
+
+BROKER = f"{REDIS}/12"
+
+
+def _worker() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"],
+        env={**os.environ, "TUNEHOUSE_BROKER_URL": BROKER},
+        start_new_session=True,  # its own process group, so the test can kill worker + trainer at once
+    )
+
+
+def test_killed_worker_job_resumes_from_checkpoint(api_key: str) -> None:
+    import redis
+
+    redis.Redis.from_url(BROKER).flushdb()
+    url, server = start_server({"TUNEHOUSE_BROKER_URL": BROKER})
+    first = _worker()
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60)
+        train = upload_ok(client, chat_rows(16))
+        hp = {"n_epochs": 6, "batch_size": 2, "save_steps": 4, "learning_rate": 1e-3}
+        job_id = client.post("/v1/fine_tuning/jobs", json={
+            "model": "tunehouse/tiny-llama", "training_file": train, "seed": 3,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
+        }).json()["id"]
+
+        deadline = time.monotonic() + 180
+        while not client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()["data"]:
+            assert time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+        os.killpg(first.pid, signal.SIGKILL)  # the worker and its trainer die without a word
+        first.wait()
+        killed_at = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
+        assert killed_at["status"] == "running"
+
+        second = _worker()
+        job = wait_for(client, job_id, timeout=240)
+        assert job["status"] == "succeeded", job
+
+        events = [e["message"] for e in all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/events")]
+        assert any(m.startswith("Worker stopped responding") for m in events)
+        resumed = [m for m in events if m.startswith("Resuming from the checkpoint at step")]
+        assert resumed, events
+        metrics = all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/metrics")
+        assert [m["step"] for m in metrics] == list(range(1, job["total_steps"] + 1))
+        client.close()
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+        _stop(server)
