@@ -139,3 +139,33 @@ def test_bad_hyperparameter_is_a_data_error(
     with pytest.raises(DataError) as info:
         train_sft(make_config(lr_scheduler="step"), demo_rows)
     assert info.value.param == "hyperparameters.lr_scheduler"
+
+
+def test_eval_steps_and_data_errors(
+    make_config: Callable[..., SFTConfig], demo_rows: list[dict[str, Any]]
+) -> None:
+    rec = Recorder()
+    train_sft(make_config(max_steps=5, eval_steps=2), demo_rows, demo_rows[:4], rec)
+    assert [int(r["step"]) for r in rec.evals] == [2, 4, 5]
+
+    from trainers.errors import DataError
+
+    with pytest.raises(DataError) as info:
+        train_sft(make_config(max_length=6), demo_rows)
+    assert info.value.param == "hyperparameters.max_length"
+    with pytest.raises(DataError) as info:
+        train_sft(make_config(), demo_rows, [{"text": 1}])
+    assert info.value.param == "validation_file"
+
+
+def test_gradient_checkpointing_is_enabled(
+    tiny_model_path: Path, make_config: Callable[..., SFTConfig]
+) -> None:
+    from peft import PeftModel
+
+    from trainers.modeling import load_model
+
+    for use_lora in (True, False):
+        model = load_model(make_config(use_lora=use_lora, gradient_checkpointing=True), torch.device("cpu"))
+        base = model.get_base_model() if isinstance(model, PeftModel) else model
+        assert base.is_activation_checkpointing and not base.config.use_cache
