@@ -152,9 +152,9 @@ class _Loop(Generic[E, B]):
         self.model.train()
         while self.state.step < self.total_steps:
             stop = self.cb.should_stop()
-            if stop is StopRequest.CANCEL:
+            if stop == StopRequest.CANCEL:  # `==`: a plain "cancel" string works too
                 return TrainResult(None, StopRequest.CANCEL, self.state.step, dict(self.state.metrics))
-            if stop is StopRequest.PAUSE:
+            if stop == StopRequest.PAUSE:
                 ckpt = self._checkpoint_once(final=False)
                 return TrainResult(ckpt, StopRequest.PAUSE, self.state.step, dict(self.state.metrics))
             epoch_done = self._train_step()
