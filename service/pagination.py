@@ -5,7 +5,6 @@ Ids are time-ordered (service/ids.py), so "after X" in newest-first order is sim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Select

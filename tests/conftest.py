@@ -58,7 +58,9 @@ def _require_services() -> None:
             conn.execute(text(f'CREATE DATABASE "{PG_DATABASE}"'))
         engine.dispose()
     except Exception as exc:
-        pytest.exit(f"PostgreSQL is not reachable at {PG_SERVER}: {exc}. Start it (see .ci/run).", returncode=3)
+        pytest.exit(
+            f"PostgreSQL is not reachable at {PG_SERVER}: {exc}. Start it (see .ci/run).", returncode=3
+        )
     try:
         for db in (13, 14, 15):
             redis.Redis.from_url(f"{REDIS}/{db}").flushdb()
@@ -118,7 +120,8 @@ def start_server(env_overrides: dict[str, str]) -> tuple[str, subprocess.Popen[b
     port = free_port()
     env = {**os.environ, **env_overrides}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.app:app", "--port", str(port), "--log-level", "warning"], env=env
+        [sys.executable, "-m", "uvicorn", "service.app:app", "--port", str(port), "--log-level", "warning"],
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/readyz", proc)

@@ -27,7 +27,9 @@ def chat_rows(n: int = 16) -> list[dict[str, Any]]:
     ]
 
 
-def upload(client: httpx.Client, data: bytes, name: str = "train.jsonl", purpose: str = "fine-tune") -> httpx.Response:
+def upload(
+    client: httpx.Client, data: bytes, name: str = "train.jsonl", purpose: str = "fine-tune"
+) -> httpx.Response:
     return client.post("/v1/files", files={"file": (name, data)}, data={"purpose": purpose})
 
 
@@ -37,7 +39,9 @@ def upload_ok(client: httpx.Client, rows: list[dict[str, Any]]) -> str:
     return str(response.json()["id"])
 
 
-def wait_for(client: httpx.Client, job_id: str, statuses: tuple[str, ...] = TERMINAL, timeout: float = 240) -> dict[str, Any]:
+def wait_for(
+    client: httpx.Client, job_id: str, statuses: tuple[str, ...] = TERMINAL, timeout: float = 240
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job: dict[str, Any] = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from trainers.sft import SFTConfig, train_sft
 
 from service.base_models.catalog import resolve_base_model
 from service.config import Settings, get_settings
@@ -30,6 +29,7 @@ from service.jobs.spec import SupervisedHyperparameters, learning_rate, load_met
 from service.models import Checkpoint, File, Job
 from service.storage import LocalBlobStore, get_blob_store
 from trainers.errors import DataError
+from trainers.sft import SFTConfig, train_sft
 from worker import lease
 from worker.reporter import JobReporter
 

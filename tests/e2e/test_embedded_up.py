@@ -19,8 +19,20 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHOUSE_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tunehouse.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tunehouse.cli",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert proc.stdout is not None
     lines: list[str] = []
@@ -40,8 +52,9 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
         headers = {"Authorization": f"Bearer {key.group(1)}"}
         jobs = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs", headers=headers).json()["data"]
         assert [j["status"] for j in jobs] == ["succeeded"]
-        metrics = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}/metrics",
-                            headers=headers).json()["data"]
+        metrics = httpx.get(
+            f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}/metrics", headers=headers
+        ).json()["data"]
         assert metrics[-1]["loss"] < metrics[0]["loss"]
         # the embedded default really is embedded: SQLite file, filesystem broker, blob folder
         data = tmp_path / "data"
@@ -69,7 +82,10 @@ def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHOUSE_")}
         result = subprocess.run(
             [sys.executable, "-m", "tunehouse.cli", "up", "--port", str(port), "--data-dir", str(tmp_path)],
-            env=env, capture_output=True, text=True, timeout=60,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert result.returncode == 2
     assert f"port {port}" in result.stderr and "Traceback" not in result.stderr

@@ -23,10 +23,17 @@ def test_sft_job_runs_to_success_and_model_downloads(stack_client: httpx.Client,
     train = upload_ok(stack_client, chat_rows(32))
     valid = upload_ok(stack_client, chat_rows(8))
     hp = {"n_epochs": 3, "batch_size": 8, "learning_rate": 3e-3, "save_steps": 4, "eval_steps": 4}
-    created = stack_client.post("/v1/fine_tuning/jobs", json={
-        "model": MODEL, "training_file": train, "validation_file": valid, "seed": 7, "suffix": "e2e",
-        "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
-    })
+    created = stack_client.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": MODEL,
+            "training_file": train,
+            "validation_file": valid,
+            "seed": 7,
+            "suffix": "e2e",
+            "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
+        },
+    )
     assert created.status_code == 200, created.text
     job_id = created.json()["id"]
 
@@ -68,8 +75,12 @@ def test_sft_job_runs_to_success_and_model_downloads(stack_client: httpx.Client,
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 plus 3?"}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 3 plus 3?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
     assert out.shape[1] > prompt["input_ids"].shape[1]
 
@@ -77,10 +88,14 @@ def test_sft_job_runs_to_success_and_model_downloads(stack_client: httpx.Client,
 def test_cancel_mid_run_stops_within_a_few_steps(stack_client: httpx.Client) -> None:
     train = upload_ok(stack_client, chat_rows(16))
     hp = {"n_epochs": 100, "batch_size": 2}
-    job_id = stack_client.post("/v1/fine_tuning/jobs", json={
-        "model": MODEL, "training_file": train,
-        "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
-    }).json()["id"]
+    job_id = stack_client.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": MODEL,
+            "training_file": train,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
+        },
+    ).json()["id"]
     deadline = time.monotonic() + 180
     while stack_client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"] < 3:
         assert time.monotonic() < deadline, "job never started training"
@@ -91,8 +106,12 @@ def test_cancel_mid_run_stops_within_a_few_steps(stack_client: httpx.Client) -> 
     # the trainer notices within its control poll and stops; the events say so
     deadline = time.monotonic() + 60
     while True:
-        events = [e["message"] for e in stack_client.get(f"/v1/fine_tuning/jobs/{job_id}/events",
-                                                         params={"limit": 100}).json()["data"]]
+        events = [
+            e["message"]
+            for e in stack_client.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 100}).json()[
+                "data"
+            ]
+        ]
         if any(m.startswith("Training stopped at step") for m in events):
             break
         assert time.monotonic() < deadline, events
@@ -106,14 +125,25 @@ def test_cancel_mid_run_stops_within_a_few_steps(stack_client: httpx.Client) -> 
 
 def test_runtime_data_failure_is_the_users_fault(stack_client: httpx.Client) -> None:
     # a long system prompt + max_length 16 truncates every assistant token away
-    rows = [{"messages": [{"role": "system", "content": "You answer questions about arithmetic carefully. " * 4},
-                          {"role": "user", "content": f"What is {i} plus {i}?"},
-                          {"role": "assistant", "content": str(2 * i)}]} for i in range(8)]
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "You answer questions about arithmetic carefully. " * 4},
+                {"role": "user", "content": f"What is {i} plus {i}?"},
+                {"role": "assistant", "content": str(2 * i)},
+            ]
+        }
+        for i in range(8)
+    ]
     train = upload_ok(stack_client, rows)
-    job_id = stack_client.post("/v1/fine_tuning/jobs", json={
-        "model": MODEL, "training_file": train,
-        "method": {"type": "supervised", "supervised": {"hyperparameters": {"max_length": 16}}},
-    }).json()["id"]
+    job_id = stack_client.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": MODEL,
+            "training_file": train,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"max_length": 16}}},
+        },
+    ).json()["id"]
     job = wait_for(stack_client, job_id)
     assert job["status"] == "failed"
     assert job["error"]["fault"] == "user" and job["error"]["code"] == "invalid_training_data"

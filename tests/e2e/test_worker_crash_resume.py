@@ -36,10 +36,15 @@ def test_killed_worker_job_resumes_from_checkpoint(api_key: str) -> None:
         client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60)
         train = upload_ok(client, chat_rows(16))
         hp = {"n_epochs": 6, "batch_size": 2, "save_steps": 4, "learning_rate": 1e-3}
-        job_id = client.post("/v1/fine_tuning/jobs", json={
-            "model": "tunehouse/tiny-llama", "training_file": train, "seed": 3,
-            "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
-        }).json()["id"]
+        job_id = client.post(
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "tunehouse/tiny-llama",
+                "training_file": train,
+                "seed": 3,
+                "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
+            },
+        ).json()["id"]
 
         deadline = time.monotonic() + 180
         while not client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()["data"]:

@@ -38,13 +38,20 @@ def test_keys_are_stored_hashed(api_key: str) -> None:
 
 def test_other_tenants_objects_are_404(api_url: str, client: httpx.Client) -> None:
     file_id = upload_ok(client, chat_rows(4))
-    job = client.post("/v1/fine_tuning/jobs", json={"model": "tunehouse/tiny-llama", "training_file": file_id})
+    job = client.post(
+        "/v1/fine_tuning/jobs", json={"model": "tunehouse/tiny-llama", "training_file": file_id}
+    )
     assert job.status_code == 200, job.text
     job_id = job.json()["id"]
 
     other = {"Authorization": f"Bearer {new_key()}"}
-    for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content", f"/v1/fine_tuning/jobs/{job_id}",
-                 f"/v1/fine_tuning/jobs/{job_id}/events", f"/v1/fine_tuning/jobs/{job_id}/checkpoints"):
+    for path in (
+        f"/v1/files/{file_id}",
+        f"/v1/files/{file_id}/content",
+        f"/v1/fine_tuning/jobs/{job_id}",
+        f"/v1/fine_tuning/jobs/{job_id}/events",
+        f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
+    ):
         response = httpx.get(f"{api_url}{path}", headers=other)
         assert response.status_code == 404, path
     assert httpx.post(f"{api_url}/v1/fine_tuning/jobs/{job_id}/cancel", headers=other).status_code == 404
@@ -53,7 +60,10 @@ def test_other_tenants_objects_are_404(api_url: str, client: httpx.Client) -> No
     assert httpx.get(f"{api_url}/v1/files", headers=other).json()["data"] == []
     assert httpx.get(f"{api_url}/v1/fine_tuning/jobs", headers=other).json()["data"] == []
     # nor can the other tenant train on the file
-    stolen = httpx.post(f"{api_url}/v1/fine_tuning/jobs", headers=other,
-                        json={"model": "tunehouse/tiny-llama", "training_file": file_id})
+    stolen = httpx.post(
+        f"{api_url}/v1/fine_tuning/jobs",
+        headers=other,
+        json={"model": "tunehouse/tiny-llama", "training_file": file_id},
+    )
     assert stolen.status_code == 400
     assert stolen.json()["error"]["param"] == "training_file"

@@ -58,16 +58,24 @@ def test_every_format_is_detected(client: httpx.Client) -> None:
         assert response.json()["format"] == expected
 
 
+def _chat_line(first: str, *messages: dict[str, str]) -> bytes:
+    return f"{first}\n{json.dumps({'messages': list(messages)})}\n".encode()
+
+
 def test_rejections_name_line_and_field_and_store_nothing(client: httpx.Client) -> None:
     good = json.dumps(chat_rows(1)[0])
     cases = [
         (b"\xff\xfe not utf-8\n", "line 1"),
         (f"{good}\n{{not json\n".encode(), "line 2"),
         (f"{good}\n[1, 2]\n".encode(), "line 2"),
-        (f'{good}\n{{"messages": [{{"role": "user", "content": "hi"}}, {{"role": "bot", "content": "x"}}]}}\n'.encode(),
-         "messages[1].role"),
-        (f'{good}\n{{"messages": [{{"role": "user", "content": ""}}, {{"role": "assistant", "content": "x"}}]}}\n'
-         .encode(), "messages[0].content"),
+        (
+            _chat_line(good, {"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}),
+            "messages[1].role",
+        ),
+        (
+            _chat_line(good, {"role": "user", "content": ""}, {"role": "assistant", "content": "x"}),
+            "messages[0].content",
+        ),
         (f'{good}\n{{"text": "mixed formats"}}\n'.encode(), "line 2"),
         (b"", "empty"),
     ]

@@ -59,14 +59,27 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
         ({"model": "no-such-model"}, "model"),
         ({"training_file": "file-doesnotexist"}, "training_file"),
         ({"validation_file": "file-doesnotexist"}, "validation_file"),
-        ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}}},
-         "method.supervised.hyperparameters.n_epochs"),
-        ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"learning_rate_multiplier": -1}}}},
-         "method.supervised.hyperparameters.learning_rate_multiplier"),
-        ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": "big"}}}},
-         "method.supervised.hyperparameters.batch_size"),
-        ({"method": {"type": "supervised", "supervised": {"hyperparameters": {"epochs": 3}}}},
-         "method.supervised.hyperparameters.epochs"),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}}},
+            "method.supervised.hyperparameters.n_epochs",
+        ),
+        (
+            {
+                "method": {
+                    "type": "supervised",
+                    "supervised": {"hyperparameters": {"learning_rate_multiplier": -1}},
+                }
+            },
+            "method.supervised.hyperparameters.learning_rate_multiplier",
+        ),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"batch_size": "big"}}}},
+            "method.supervised.hyperparameters.batch_size",
+        ),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"epochs": 3}}}},
+            "method.supervised.hyperparameters.epochs",
+        ),
         ({"surprise": True}, "surprise"),
         ({"method": {"type": "teleport"}}, "method.type"),
         ({"method": {"type": "dpo", "dpo": {}}}, "method.type"),
@@ -75,7 +88,9 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
         ({"method": {"type": "supervised"}, "hyperparameters": {"n_epochs": 1}}, "hyperparameters"),
     ],
 )
-def test_create_rejects_with_param(client: httpx.Client, train_file: str, body: dict[str, Any], param: str) -> None:
+def test_create_rejects_with_param(
+    client: httpx.Client, train_file: str, body: dict[str, Any], param: str
+) -> None:
     full = {"model": MODEL, "training_file": train_file, **body}
     error = _error(_create(client, **full))
     assert error["param"] == param, error
@@ -92,7 +107,9 @@ def test_file_format_must_fit_method(client: httpx.Client) -> None:
 def test_list_pagination_and_metadata_filter(client: httpx.Client, train_file: str) -> None:
     ids = []
     for i in range(4):
-        response = _create(client, model=MODEL, training_file=train_file, metadata={"batch": "x" if i % 2 else "y"})
+        response = _create(
+            client, model=MODEL, training_file=train_file, metadata={"batch": "x" if i % 2 else "y"}
+        )
         ids.append(response.json()["id"])
     page1 = client.get("/v1/fine_tuning/jobs", params={"limit": 3}).json()
     assert [j["id"] for j in page1["data"]] == ids[::-1][:3] and page1["has_more"]
@@ -127,15 +144,28 @@ def test_unknown_job_is_404(client: httpx.Client) -> None:
 def test_empty_checkpoints_and_metrics(client: httpx.Client, train_file: str) -> None:
     job_id = _create(client, model=MODEL, training_file=train_file).json()["id"]
     assert client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json() == {
-        "object": "list", "data": [], "has_more": False, "first_id": None, "last_id": None}
+        "object": "list",
+        "data": [],
+        "has_more": False,
+        "first_id": None,
+        "last_id": None,
+    }
     assert client.get(f"/v1/fine_tuning/jobs/{job_id}/metrics").json() == {
-        "object": "list", "data": [], "has_more": False}
+        "object": "list",
+        "data": [],
+        "has_more": False,
+    }
 
 
 def test_models_list(client: httpx.Client) -> None:
     body = client.get("/v1/models").json()
     assert body["object"] == "list"
-    assert {"id": MODEL, "object": "model", "created": body["data"][0]["created"], "owned_by": "tunehouse"} in body["data"]
+    assert {
+        "id": MODEL,
+        "object": "model",
+        "created": body["data"][0]["created"],
+        "owned_by": "tunehouse",
+    } in body["data"]
     assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
     assert _error(client.get("/v1/models/nope"), 404)["param"] == "model"
 

@@ -15,7 +15,6 @@ from service.models import Job, Tenant
 from worker import lease, reaper
 from worker.supervisor import supervise_job
 
-
 _created: list[str] = []
 
 
@@ -35,9 +34,18 @@ def _job(status: str = "queued", **values: Any) -> str:
         tenant = Tenant(id=new_id("tenant"), name=f"lease-{job_id}")
         session.add(tenant)
         session.flush()
-        session.add(Job(id=job_id, tenant_id=tenant.id, model="tunehouse/tiny-llama", training_file="file-x",
-                        method={"type": "supervised", "supervised": {"hyperparameters": {}}}, seed=0, status=status,
-                        **values))
+        session.add(
+            Job(
+                id=job_id,
+                tenant_id=tenant.id,
+                model="tunehouse/tiny-llama",
+                training_file="file-x",
+                method={"type": "supervised", "supervised": {"hyperparameters": {}}},
+                seed=0,
+                status=status,
+                **values,
+            )
+        )
     return job_id
 
 
