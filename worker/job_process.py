@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import os
 import shutil
 import sys
 import tarfile
@@ -234,9 +233,5 @@ def run(job_id: str, worker_id: str) -> None:
 
 
 if __name__ == "__main__":
-    # the job's progress is reported through metrics and events; library progress bars are noise in logs
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(sys.argv[1], sys.argv[2])

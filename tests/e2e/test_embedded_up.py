@@ -38,7 +38,7 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 240
-        while not any(line.startswith("demo: job ") for line in lines):
+        while not any(line.startswith("tunehouse is running") for line in lines):
             assert time.monotonic() < deadline, "".join(lines)
             line = proc.stdout.readline()
             assert line or proc.poll() is None, "".join(lines)
@@ -46,6 +46,7 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
         output = "".join(lines)
         assert re.search(r"demo: job ftjob-\S+ succeeded; model ft:tunehouse/tiny-llama:", output), output
         assert re.search(r"step\s+1\s+loss", output)
+        assert "demo: asked the fine-tuned model 'What is the capital of France?'; it answers" in output
         key = re.search(r"API key: (\S+)", output)
         assert key is not None
 
