@@ -1,0 +1,441 @@
+"""Direct Preference Optimization (DPO): fit the policy to preference pairs, no reward model, no sampling.
+
+    L(θ) = - E_(x, y_w, y_l) log σ(β log[π_θ(y_w|x) / π_ref(y_w|x)] - β log[π_θ(y_l|x) / π_ref(y_l|x)])
+
+(Rafailov et al. 2023, eq. 7), with log π(y|x) the summed log-probability of the completion tokens; IPO
+and hinge variants through ``loss_type``. The reference π_ref is the frozen starting model: for LoRA the
+base with the adapter disabled (no second copy of the weights), for full fine-tuning a frozen copy, or
+log-probs computed once before training (``precompute_ref_log_probs``). The loop is ``trainers.loop``.
+
+    python -c "
+    from trainers.dpo import DPOConfig, train_dpo; from trainers.tiny_model import build_tiny_model
+    rows = [{'prompt': 'Is the sky blue?', 'chosen': ' Yes.', 'rejected': ' No.'}] * 16
+    print(train_dpo(DPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/dpo-out', max_steps=10), rows))"
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from transformers import PreTrainedTokenizerBase
+
+from trainers.callbacks import TrainingCallbacks, TrainResult
+from trainers.errors import DataError
+from trainers.loop import LossSums, TrainingTask, run_training
+from trainers.modeling import PRECISIONS, autocast_dtype, load_model, load_tokenizer, pick_device
+from trainers.preference_data import (
+    PreferenceBatch,
+    PreferenceExample,
+    collate_preferences,
+    tokenize_preference_rows,
+)
+from trainers.rng import seed_everything
+from trainers.schedule import SCHEDULES
+
+LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+
+
+@dataclass
+class DPOConfig:
+    """Configuration of a DPO run.
+
+    Model:
+        model_path: a local Hugging Face folder (or a hub id where the host is online); also the reference.
+        output_dir: local folder that receives ``checkpoint-{step:06d}/`` folders.
+        use_lora: train a LoRA adapter (merged into the base for the final checkpoint) instead of all
+            weights. The reference is then the base with the adapter disabled.
+        lora_r, lora_alpha, lora_dropout: LoRA rank, scaling numerator (scale = alpha / r) and dropout.
+        lora_target_modules: module names to adapt; None adapts every linear layer but the LM head.
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+
+    Data:
+        max_length: prompt + completion is truncated to this many tokens; a pair left with no chosen or
+            no rejected token is dropped.
+        max_prompt_length: the prompt is first cut to its last this many tokens (None: not cut).
+
+    Optimisation:
+        n_epochs: passes over the training pairs.
+        batch_size: pairs per forward pass (micro-batch); the forward pass sees 2 * batch_size sequences.
+        gradient_accumulation_steps: micro-batches per optimizer step.
+        learning_rate: peak AdamW learning rate.
+        lr_scheduler: ``linear`` | ``cosine`` (decay to 0) | ``constant``, after linear warmup.
+        warmup_ratio: fraction of the optimizer steps spent warming up from 0.
+        weight_decay: AdamW decoupled weight decay, on matrices only.
+        max_grad_norm: clip the global gradient norm to this (<= 0: no clipping).
+        mixed_precision: ``auto`` (bf16 on CUDA if supported, else none) | ``no`` | ``bf16`` | ``fp16``;
+            CPU always trains in plain fp32.
+        seed: seeds LoRA initialisation, dropout and the data order.
+        max_steps: cap on the number of optimizer steps (None: ``n_epochs`` full epochs).
+
+    Method:
+        beta: β, the strength of the implicit KL penalty towards the reference (IPO's τ).
+        loss_type: ``sigmoid`` (DPO), ``ipo`` (Azar et al. 2023, on per-token mean log-ratios, as TRL and
+            the IPO authors do) or ``hinge`` (SLiC, Zhao et al. 2023).
+        label_smoothing: ε of conservative DPO for ``sigmoid``: the label is assumed flipped with
+            probability ε (0: plain DPO).
+        precompute_ref_log_probs: compute the reference log-probs of every pair once before training,
+            then keep no reference model in memory.
+
+    Run control:
+        save_steps: write a resumable checkpoint every N optimizer steps; 0 writes only the final one.
+        eval_steps: compute ``valid_loss`` every N steps when validation rows are given; 0 does it at the
+            end of each epoch (and always after the last step).
+        resume_from: a checkpoint folder written by this library; training continues from it exactly.
+    """
+
+    model_path: str
+    output_dir: str
+    use_lora: bool = True
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] | None = None
+    max_length: int = 1024
+    max_prompt_length: int | None = None
+    n_epochs: int = 1
+    batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-5
+    lr_scheduler: str = "linear"
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "auto"
+    gradient_checkpointing: bool = False
+    seed: int = 42
+    max_steps: int | None = None
+    save_steps: int = 0
+    eval_steps: int = 0
+    resume_from: str | None = None
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+    precompute_ref_log_probs: bool = False
+
+    def validate(self) -> None:
+        """Raise ``DataError`` naming the first hyperparameter out of range."""
+        checks = {
+            "lora_r": self.lora_r >= 1,
+            "max_length": self.max_length >= 2,
+            "max_prompt_length": self.max_prompt_length is None or self.max_prompt_length >= 1,
+            "n_epochs": self.n_epochs >= 1,
+            "batch_size": self.batch_size >= 1,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps >= 1,
+            "learning_rate": self.learning_rate > 0,
+            "lr_scheduler": self.lr_scheduler in SCHEDULES,
+            "warmup_ratio": 0.0 <= self.warmup_ratio <= 1.0,
+            "weight_decay": self.weight_decay >= 0,
+            "mixed_precision": self.mixed_precision in PRECISIONS,
+            "max_steps": self.max_steps is None or self.max_steps >= 1,
+            "save_steps": self.save_steps >= 0,
+            "eval_steps": self.eval_steps >= 0,
+            "beta": self.beta > 0,
+            "loss_type": self.loss_type in LOSS_TYPES,
+            "label_smoothing": 0.0 <= self.label_smoothing < 0.5,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise DataError(
+                    f"{name}={getattr(self, name)!r} is out of range", param=f"hyperparameters.{name}"
+                )
+
+
+# -- pure functions -----------------------------------------------------------------------------------
+
+
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    *,
+    beta: float,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair preference losses and implicit rewards.
+
+    All inputs are [B] summed completion log-probs, log π(y|x); returns (losses, chosen_rewards,
+    rejected_rewards), each [B], the rewards β·(log π_θ(y|x) - log π_ref(y|x)) detached. With
+    h = (log π_θ(y_w) - log π_ref(y_w)) - (log π_θ(y_l) - log π_ref(y_l)):
+
+    - ``sigmoid``: -log σ(β h), DPO (Rafailov et al. 2023, eq. 7); with label smoothing ε,
+      -(1-ε) log σ(β h) - ε log σ(-β h), conservative DPO (Mitchell 2023).
+    - ``ipo``: (h - 1/(2β))², IPO (Azar et al. 2023, eq. 17, β = τ). Given ``chosen_lengths`` and
+      ``rejected_lengths`` ([B] completion token counts) each log-ratio is divided by its length first,
+      the normalisation the IPO authors used for the paper's results (and TRL does).
+    - ``hinge``: max(0, 1 - β h), SLiC-HF (Zhao et al. 2023, eq. 1 with δ = 1/β).
+    """
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    if loss_type == "sigmoid":
+        h = chosen_logratios - rejected_logratios
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "ipo":
+        if chosen_lengths is not None and rejected_lengths is not None:
+            h = chosen_logratios / chosen_lengths.clamp(min=1) - rejected_logratios / rejected_lengths.clamp(
+                min=1
+            )
+        else:
+            h = chosen_logratios - rejected_logratios
+        losses = (h - 1 / (2 * beta)) ** 2
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * (chosen_logratios - rejected_logratios))
+    else:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
+    return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+
+
+def sequence_log_probs(
+    logits: torch.Tensor, input_ids: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """Summed log-probabilities of the completion tokens of each row.
+
+    logits: [N, T, V] from inputs ``input_ids`` [N, T]; completion_mask: [N, T] bool, whether token t is a
+    completion token (predicted from positions < t; position 0 never is). Returns [N] float32. Only
+    completion positions are upcast to float32, so the full [N, T, V] tensor is never copied.
+    """
+    mask = completion_mask[:, 1:]
+    target_logits = logits[:, :-1, :][mask].float()  # [M, V]
+    targets = input_ids[:, 1:][mask]  # [M]
+    token_logps = target_logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1).expand_as(mask)[mask]
+    return torch.zeros(input_ids.shape[0], device=logits.device).index_add(0, rows, token_logps)
+
+
+# -- the method ---------------------------------------------------------------------------------------
+
+ReferenceForward = Callable[[PreferenceBatch], torch.Tensor]  # a batch -> its [2B] reference log-probs
+
+
+def policy_log_probs(model: torch.nn.Module, batch: PreferenceBatch) -> torch.Tensor:
+    """[2B] completion log-probs of chosen then rejected rows, in one forward pass."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    return sequence_log_probs(logits, batch.input_ids, batch.completion_mask)
+
+
+def frozen_reference(model: torch.nn.Module) -> ReferenceForward:
+    """The reference as a separate frozen model (eval mode, no gradients)."""
+    model.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def forward(batch: PreferenceBatch) -> torch.Tensor:
+        return policy_log_probs(model, batch)
+
+    return forward
+
+
+def frozen_reference_view(model: torch.nn.Module) -> ReferenceForward:
+    """The untrained policy itself as the reference, for precomputing before its first step."""
+
+    @torch.no_grad()
+    def forward(batch: PreferenceBatch) -> torch.Tensor:
+        return policy_log_probs(model, batch)
+
+    return forward
+
+
+def adapter_disabled_reference(model: PeftModel) -> ReferenceForward:
+    """The reference of a LoRA policy: its own base weights, with the adapter switched off."""
+
+    @torch.no_grad()
+    def forward(batch: PreferenceBatch) -> torch.Tensor:
+        with model.disable_adapter():
+            return policy_log_probs(model, batch)
+
+    return forward
+
+
+@dataclass
+class DPOLoss:
+    """The loop's loss function: summed DPO losses and metrics of a micro-batch (one unit per pair)."""
+
+    beta: float
+    loss_type: str
+    label_smoothing: float
+    reference: ReferenceForward | None  # None: the batch carries precomputed reference log-probs
+
+    def __call__(self, model: torch.nn.Module, batch: PreferenceBatch) -> LossSums:
+        n = batch.n_pairs
+        logps = policy_log_probs(model, batch)
+        chosen, rejected = logps[:n], logps[n:]
+        if batch.ref_chosen_logps is not None and batch.ref_rejected_logps is not None:
+            ref_chosen, ref_rejected = batch.ref_chosen_logps, batch.ref_rejected_logps
+        elif self.reference is not None:
+            ref_logps = self.reference(batch)
+            ref_chosen, ref_rejected = ref_logps[:n], ref_logps[n:]
+        else:
+            raise ValueError("the batch carries no precomputed reference log-probs and there is no reference")
+        lengths = batch.completion_mask[:, 1:].sum(dim=1).float()
+        losses, chosen_rewards, rejected_rewards = dpo_loss(
+            chosen,
+            rejected,
+            ref_chosen,
+            ref_rejected,
+            beta=self.beta,
+            loss_type=self.loss_type,
+            label_smoothing=self.label_smoothing,
+            chosen_lengths=lengths[:n],
+            rejected_lengths=lengths[n:],
+        )
+        metrics = {
+            "rewards/chosen": chosen_rewards.sum().item(),
+            "rewards/rejected": rejected_rewards.sum().item(),
+            "rewards/accuracies": (chosen_rewards > rejected_rewards).sum().item(),
+            "rewards/margins": (chosen_rewards - rejected_rewards).sum().item(),
+            "logps/chosen": chosen.detach().sum().item(),
+            "logps/rejected": rejected.detach().sum().item(),
+        }
+        return LossSums(loss=losses.sum(), metrics={k: float(v) for k, v in metrics.items()})
+
+
+def check_reference(model: torch.nn.Module, ref_model: torch.nn.Module) -> None:
+    """Refuse a reference that is, or shares weights with, the policy: it would move with training."""
+    policy = {p.data_ptr() for p in model.parameters()}
+    if ref_model is model or any(p.data_ptr() in policy for p in ref_model.parameters()):
+        raise ValueError(
+            "ref_model is the policy model (or shares its weights), so the reference would change during "
+            "training. Pass ref_model=None to get the right reference automatically (the adapter-disabled "
+            "base for LoRA, a frozen copy for full fine-tuning), or pass a separate copy, e.g. "
+            "copy.deepcopy(model) taken before training."
+        )
+
+
+@torch.no_grad()
+def precompute_reference_log_probs(
+    reference: ReferenceForward,
+    examples: Sequence[PreferenceExample],
+    *,
+    batch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+    compute_dtype: torch.dtype | None = None,
+) -> list[PreferenceExample]:
+    """``examples`` with their reference log-probs attached, computed ``batch_size`` pairs at a time."""
+    out: list[PreferenceExample] = []
+    ctx = partial(torch.autocast, device.type, dtype=compute_dtype) if compute_dtype else nullcontext
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        batch = collate_preferences(chunk, pad_token_id=pad_token_id).to(device)
+        with ctx():
+            logps = reference(batch)
+        chosen, rejected = logps[: len(chunk)], logps[len(chunk) :]
+        out += [
+            e.with_ref_logps(c, r) for e, c, r in zip(chunk, chosen.tolist(), rejected.tolist(), strict=True)
+        ]
+    return out
+
+
+def build_dpo_task(
+    config: DPOConfig,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    train: Sequence[PreferenceExample],
+    valid: Sequence[PreferenceExample] | None = None,
+    *,
+    ref_model: torch.nn.Module | None = None,
+    load_reference: Callable[[], torch.nn.Module] | None = None,
+) -> TrainingTask[PreferenceExample, PreferenceBatch]:
+    """The loop's task for ``model``: picks the reference, precomputes its log-probs if asked.
+
+    ``ref_model`` None: the adapter-disabled base of a LoRA ``model``; for a full model a frozen copy,
+    made by ``load_reference`` if given (a resumed run's model is no longer the reference) or else by
+    deep-copying ``model`` as it is now.
+    """
+    if ref_model is not None:
+        check_reference(model, ref_model)
+    pad_id = tokenizer.pad_token_id
+    assert isinstance(pad_id, int)
+    device = next(model.parameters()).device
+    with _reference(
+        model, ref_model, load_reference, precompute=config.precompute_ref_log_probs
+    ) as reference:
+        if config.precompute_ref_log_probs:
+            kwargs: dict[str, Any] = {
+                "batch_size": config.batch_size,
+                "pad_token_id": pad_id,
+                "device": device,
+                "compute_dtype": autocast_dtype(config.mixed_precision, device),
+            }
+            was_training = model.training
+            model.eval()  # no dropout in the reference
+            train = precompute_reference_log_probs(reference, train, **kwargs)
+            valid = precompute_reference_log_probs(reference, valid, **kwargs) if valid else valid
+            model.train(was_training)
+            loss_ref = None
+        else:
+            loss_ref = reference
+    loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, loss_ref)
+    return TrainingTask(
+        model, tokenizer, train, partial(collate_preferences, pad_token_id=pad_id), loss, valid
+    )
+
+
+@contextmanager
+def _reference(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    load_reference: Callable[[], torch.nn.Module] | None,
+    *,
+    precompute: bool,
+) -> Iterator[ReferenceForward]:
+    """Yield the reference forward; a copy made only for precomputing is freed on exit."""
+    if ref_model is not None:
+        yield frozen_reference(ref_model)
+    elif isinstance(model, PeftModel):
+        yield adapter_disabled_reference(model)
+    elif precompute and load_reference is None:
+        yield frozen_reference_view(model)  # the model has not trained yet: it is the reference
+    else:
+        copy_ = load_reference() if load_reference is not None else copy.deepcopy(model)
+        yield frozen_reference(copy_)
+        if precompute:
+            del copy_
+            gc.collect()
+
+
+def train_dpo(
+    config: DPOConfig,
+    train_rows: Sequence[Mapping[str, Any]],
+    valid_rows: Sequence[Mapping[str, Any]] | None = None,
+    callbacks: TrainingCallbacks | None = None,
+    *,
+    ref_model: torch.nn.Module | None = None,
+) -> TrainResult:
+    """DPO-train ``config.model_path`` on preference rows; raise ``DataError`` when the data is at fault.
+
+    ``ref_model``: a reference other than the default (the starting model); it must not be the policy.
+    """
+    config.validate()
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config.model_path)
+    tokenize = partial(
+        tokenize_preference_rows,
+        tokenizer=tokenizer,
+        max_length=config.max_length,
+        max_prompt_length=config.max_prompt_length,
+    )
+    train = tokenize(train_rows, param="training_file")
+    valid = tokenize(valid_rows, param="validation_file") if valid_rows else None
+    device = pick_device()
+    model = load_model(config, device)
+    load_reference: Callable[[], torch.nn.Module] | None = None
+    if config.resume_from and not config.use_lora:
+        # The resumed model holds trained weights; the reference is the starting model.
+        base = replace(config, resume_from=None, gradient_checkpointing=False)
+        load_reference = partial(load_model, base, device)
+    task = build_dpo_task(
+        config, model, tokenizer, train, valid, ref_model=ref_model, load_reference=load_reference
+    )
+    return run_training(config, task, callbacks)

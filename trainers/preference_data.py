@@ -1,0 +1,304 @@
+"""Preference rows (DPO, reward models): parse, tokenize, truncate, collate.
+
+Two row formats, detected from the first row and required of every row:
+
+- OpenAI's ``{"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}``,
+  the outputs being lists of assistant messages;
+- ``{"prompt", "chosen", "rejected"}`` with strings, or message lists (a string next to a message list
+  is read as a user prompt or an assistant answer).
+
+A message-shaped prompt is rendered with the chat template and its generation prompt; the completion is
+what rendering prompt + completion adds after it. A string prompt is ``BOS + prompt`` and a string
+completion ``completion + EOS``, as for SFT rows. Prompt and completions are tokenized separately, so the
+prompt is tokenized exactly as at inference time, and only completion tokens are loss targets.
+
+Truncation: the prompt first, to its last ``max_prompt_length`` tokens (the end of a prompt, with the
+generation prompt, is what the completion depends on most); then each of prompt + chosen and prompt +
+rejected to its first ``max_length`` tokens. A pair left with no chosen or no rejected token is dropped.
+An optional numeric ``"margin"`` per row is kept (the reward model's margin, Touvron et al. 2023, eq. 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+import torch
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+from trainers.data import _bos_text, _eos_text
+from trainers.errors import DataError
+
+__all__ = [
+    "PreferenceBatch",
+    "PreferenceExample",
+    "PreferenceFormat",
+    "collate_preferences",
+    "detect_preference_format",
+    "encode_prompt_completion",
+    "tokenize_preference_rows",
+]
+
+
+class PreferenceFormat(StrEnum):
+    OPENAI = "openai"  # input.messages + preferred_output + non_preferred_output
+    PROMPT_CHOSEN_REJECTED = "prompt_chosen_rejected"
+
+
+@dataclass(frozen=True)
+class PreferenceExample:
+    """One tokenized pair; the completions hold completion tokens only (their prompt is ``prompt_ids``)."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    margin: float = 0.0
+    ref_chosen_logp: float | None = None  # reference log-probs, when precomputed (DPO)
+    ref_rejected_logp: float | None = None
+
+    def with_ref_logps(self, chosen: float, rejected: float) -> PreferenceExample:
+        return replace(self, ref_chosen_logp=chosen, ref_rejected_logp=rejected)
+
+
+def detect_preference_format(row: Mapping[str, Any]) -> PreferenceFormat | None:
+    if "input" in row and "preferred_output" in row and "non_preferred_output" in row:
+        return PreferenceFormat.OPENAI
+    if "prompt" in row and "chosen" in row and "rejected" in row:
+        return PreferenceFormat.PROMPT_CHOSEN_REJECTED
+    return None
+
+
+def tokenize_preference_rows(
+    rows: Sequence[Mapping[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_length: int,
+    max_prompt_length: int | None = None,
+    param: str = "training_file",
+) -> list[PreferenceExample]:
+    """Tokenize and truncate ``rows``; raise ``DataError`` (with ``param``) when no usable pair remains."""
+    if not rows:
+        raise DataError("the file has no examples", param=param)
+    fmt = detect_preference_format(rows[0]) if isinstance(rows[0], Mapping) else None
+    if fmt is None:
+        raise DataError(
+            'line 1: expected {"input", "preferred_output", "non_preferred_output"} or '
+            '{"prompt", "chosen", "rejected"}',
+            param=param,
+        )
+    bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
+    examples: list[PreferenceExample] = []
+    n_truncated_away = 0
+    for line, row in enumerate(rows, start=1):
+        if not isinstance(row, Mapping) or detect_preference_format(row) is not fmt:
+            raise DataError(f"line {line}: every row must have the {fmt.value} format of line 1", param=param)
+        try:
+            prompt, chosen, rejected = _texts(row, fmt, tokenizer, bos, eos)
+            margin = _margin(row.get("margin", 0.0))
+        except DataError as exc:
+            raise DataError(f"line {line}: {exc.message}", param=param) from exc
+        except (TypeError, KeyError, TemplateError) as exc:  # the template may reject e.g. the role order
+            raise DataError(f"line {line}: malformed {fmt.value} row ({exc})", param=param) from exc
+        prompt_ids = _encode(tokenizer, prompt)
+        chosen_ids, rejected_ids = _encode(tokenizer, chosen), _encode(tokenizer, rejected)
+        if not chosen_ids or not rejected_ids:
+            raise DataError(
+                f"line {line}: the chosen and rejected completions must not be empty", param=param
+            )
+        if max_prompt_length is not None and len(prompt_ids) > max_prompt_length:
+            prompt_ids = prompt_ids[len(prompt_ids) - max_prompt_length :]
+        room = max_length - len(prompt_ids)
+        example = PreferenceExample(
+            prompt_ids, chosen_ids[: max(room, 0)], rejected_ids[: max(room, 0)], margin
+        )
+        # The first token of a sequence has no context, so a completion needs a prompt token before it.
+        if prompt_ids and example.chosen_ids and example.rejected_ids:
+            examples.append(example)
+        else:
+            n_truncated_away += 1
+    if not examples:
+        if n_truncated_away:
+            raise DataError(
+                f"every pair was truncated away: max_length={max_length} leaves no completion tokens",
+                param="hyperparameters.max_length",
+            )
+        raise DataError("no usable preference pair", param=param)  # pragma: no cover (rows is non-empty)
+    return examples
+
+
+def encode_prompt_completion(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str, *, max_length: int
+) -> list[int]:
+    """Token ids of a plain-text ``prompt`` + ``completion`` as training renders string rows, truncated.
+
+    A prompt already rendered by the chat template (starting with the BOS text) gets no second BOS; a
+    completion gets EOS appended unless it ends with it (generated text usually stops before EOS).
+    """
+    bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
+    if bos and not prompt.startswith(bos):
+        prompt = bos + prompt
+    if eos and not completion.endswith(eos):
+        completion = completion + eos
+    return (_encode(tokenizer, prompt) + _encode(tokenizer, completion))[:max_length]
+
+
+# -- batches ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreferenceBatch:
+    """B pairs as one batch of 2B right-padded rows: the B chosen sequences, then the B rejected ones."""
+
+    input_ids: torch.Tensor  # [2B, T]
+    attention_mask: torch.Tensor  # [2B, T]
+    completion_mask: torch.Tensor  # [2B, T] bool: token t is a completion token (a target)
+    margins: torch.Tensor  # [B] float32
+    ref_chosen_logps: torch.Tensor | None  # [B] float32, when precomputed
+    ref_rejected_logps: torch.Tensor | None
+    n_pairs: int
+    n_inputs: int  # real (non-pad) tokens of the 2B rows
+
+    @property
+    def loss_denominator(self) -> int:
+        return self.n_pairs  # one loss unit per pair
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_inputs
+
+    def to(self, device: torch.device) -> PreferenceBatch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device, non_blocking=True),
+            attention_mask=self.attention_mask.to(device, non_blocking=True),
+            completion_mask=self.completion_mask.to(device, non_blocking=True),
+            margins=self.margins.to(device, non_blocking=True),
+            ref_chosen_logps=move(self.ref_chosen_logps),
+            ref_rejected_logps=move(self.ref_rejected_logps),
+        )
+
+
+def collate_preferences(examples: Sequence[PreferenceExample], *, pad_token_id: int) -> PreferenceBatch:
+    """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows."""
+    rows = [(e.prompt_ids, e.chosen_ids) for e in examples] + [
+        (e.prompt_ids, e.rejected_ids) for e in examples
+    ]
+    width = max(len(p) + len(c) for p, c in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    completion_mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, (prompt, completion) in enumerate(rows):
+        n = len(prompt) + len(completion)
+        input_ids[i, :n] = torch.tensor(prompt + completion)
+        attention_mask[i, :n] = 1
+        completion_mask[i, len(prompt) : n] = True
+    precomputed = all(e.ref_chosen_logp is not None and e.ref_rejected_logp is not None for e in examples)
+    return PreferenceBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_mask=completion_mask,
+        margins=torch.tensor([e.margin for e in examples], dtype=torch.float32),
+        ref_chosen_logps=torch.tensor([e.ref_chosen_logp for e in examples]) if precomputed else None,
+        ref_rejected_logps=torch.tensor([e.ref_rejected_logp for e in examples]) if precomputed else None,
+        n_pairs=len(examples),
+        n_inputs=int(attention_mask.sum().item()),
+    )
+
+
+# -- rows -> texts ------------------------------------------------------------------------------------
+
+
+def _texts(
+    row: Mapping[str, Any], fmt: PreferenceFormat, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
+) -> tuple[str, str, str]:
+    """(prompt, chosen completion, rejected completion) as text."""
+    if fmt is PreferenceFormat.OPENAI:
+        source = row["input"]
+        if not isinstance(source, Mapping):
+            raise DataError('"input" must be an object with "messages"')
+        prompt: Any = source.get("messages")
+        chosen: Any = row["preferred_output"]
+        rejected: Any = row["non_preferred_output"]
+        for name, value in (("input.messages", prompt), ("preferred_output", chosen)):
+            if not isinstance(value, list):
+                raise DataError(f'"{name}" must be a list of messages')
+        if not isinstance(rejected, list):
+            raise DataError('"non_preferred_output" must be a list of messages')
+    else:
+        prompt, chosen, rejected = row["prompt"], row["chosen"], row["rejected"]
+    if not any(isinstance(v, list) for v in (prompt, chosen, rejected)):
+        for name, value in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
+            _require_str(value, name)
+        return bos + prompt, chosen + eos, rejected + eos
+    prompt_msgs = _messages(prompt, "prompt", default_role="user")
+    chosen_msgs = _messages(chosen, "chosen", default_role="assistant")
+    rejected_msgs = _messages(rejected, "rejected", default_role="assistant")
+    if not prompt_msgs:
+        raise DataError("the prompt must have at least one message")
+    prompt_text = _render(tokenizer, prompt_msgs, generation_prompt=True)
+    chosen_text = _completion(tokenizer, prompt_msgs, prompt_text, chosen_msgs)
+    return prompt_text, chosen_text, _completion(tokenizer, prompt_msgs, prompt_text, rejected_msgs)
+
+
+def _completion(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_msgs: list[dict[str, str]],
+    prompt_text: str,
+    completion_msgs: list[dict[str, str]],
+) -> str:
+    if not completion_msgs:
+        raise DataError("the chosen and rejected outputs must have at least one message")
+    full = _render(tokenizer, [*prompt_msgs, *completion_msgs], generation_prompt=False)
+    if not full.startswith(prompt_text):
+        raise RuntimeError("the chat template does not render conversations incrementally")
+    return full[len(prompt_text) :]
+
+
+def _messages(value: Any, name: str, *, default_role: str) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return [{"role": default_role, "content": value}]
+    if not isinstance(value, list):
+        raise DataError(f'"{name}" must be a string or a list of messages')
+    out: list[dict[str, str]] = []
+    for i, message in enumerate(value):
+        if not isinstance(message, Mapping):
+            raise DataError(f"{name}[{i}] must be an object")
+        role = _require_str(message.get("role"), f"{name}[{i}].role")
+        content = _require_str(message.get("content"), f"{name}[{i}].content")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *, generation_prompt: bool
+) -> str:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    assert isinstance(text, str)
+    return text
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    if not text:
+        return []
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert isinstance(ids, list)
+    return [int(i) for i in ids]
+
+
+def _margin(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise DataError('"margin" must be a finite number')
+    return float(value)
+
+
+def _require_str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(f'"{name}" must be a string')
+    return value
