@@ -6,7 +6,8 @@ Layout: ``{output_dir}/checkpoint-{step:06d}/`` holding
   hold the adapter only; the final checkpoint holds full weights, the adapter merged into the base, so
   it loads with ``AutoModelForCausalLM.from_pretrained`` and no peft.
 - ``state/`` (not in the final checkpoint): ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` (fp16
-  only), ``rng.pt`` and ``trainer_state.json`` (step, data position, sampler permutation, metrics).
+  only), ``rng.pt``, ``trainer_state.json`` (step, data position, sampler permutation, metrics) and, for
+  online methods, ``task.pt`` (the rollout in use, the value head: see ``trainers.loop.StepPreparer``).
 
 A checkpoint is built in a temporary folder inside ``output_dir`` and renamed into place with
 ``os.replace``, so a crash never leaves a half-written ``checkpoint-*`` folder behind.
@@ -31,6 +32,7 @@ from trainers.rng import capture_rng_state, restore_rng_state
 
 FORMAT_VERSION = 1
 MODEL_DIR, STATE_DIR = "model", "state"
+TASK_STATE = "task.pt"
 
 
 @dataclass
@@ -40,6 +42,7 @@ class LoopState:
     step: int = 0  # optimizer steps done
     epoch: int = 0  # 0-based epoch in progress
     batch_index: int = 0  # next micro-batch of that epoch
+    repeat: int = 0  # optimizer steps already done on that micro-batch group (online methods reuse rollouts)
     trained_tokens: int = 0
     sampler_seed: int = 0
     permutation: list[int] = field(default_factory=list)  # example order of the epoch in progress
@@ -62,6 +65,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    task_state: dict[str, Any] | None = None,
 ) -> CheckpointInfo:
     """Write a checkpoint; training state is written when ``optimizer`` is given.
 
@@ -82,6 +86,8 @@ def save_checkpoint(
             if scaler is not None:
                 torch.save(scaler.state_dict(), state_dir / "scaler.pt")
             torch.save(capture_rng_state(), state_dir / "rng.pt")
+            if task_state is not None:
+                torch.save(task_state, state_dir / TASK_STATE)
             payload = {"format_version": FORMAT_VERSION, **asdict(state)}
             (state_dir / "trainer_state.json").write_text(json.dumps(payload), encoding="utf-8")
         target = checkpoint_dir(out, state.step)
@@ -119,6 +125,12 @@ def restore_training_state(
         scaler.load_state_dict(_load(state_dir / "scaler.pt"))
     restore_rng_state(_load(state_dir / "rng.pt"))
     return state
+
+
+def load_task_state(ckpt: str | Path) -> dict[str, Any] | None:
+    """The method's own state saved with ``task_state`` (None when there is none)."""
+    path = Path(ckpt) / STATE_DIR / TASK_STATE
+    return _load(path) if path.is_file() else None
 
 
 def _load(path: Path) -> Any:

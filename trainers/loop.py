@@ -13,6 +13,12 @@ reported before clipping), then AdamW steps, then the learning-rate schedule adv
 Examples are visited in a fresh permutation per epoch drawn from ``(seed, epoch)``; an epoch's last step
 may have fewer micro-batches. The step, data position, optimizer, scheduler and RNG states are
 checkpointed, so a resumed run repeats the uninterrupted run's losses exactly.
+
+Online methods (GRPO, PPO) add a ``StepPreparer`` to the task: the loop hands it each step's examples
+(prompts) and the model, and trains on the batches it returns (rollouts). A preparer may train on one
+group of examples for several consecutive optimizer steps (GRPO's ``num_iterations``, PPO's epochs over
+mini-batches); its state (the rollout in use) and an ``extra_trainable`` module (PPO's value head) are
+checkpointed with the rest, so online runs resume exactly too.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.callbacks import CheckpointInfo, NullCallbacks, StopRequest, TrainingCallbacks, TrainResult
-from trainers.checkpoint import LoopState, restore_training_state, save_checkpoint
+from trainers.checkpoint import LoopState, load_task_state, restore_training_state, save_checkpoint
 from trainers.modeling import autocast_dtype
 from trainers.schedule import build_scheduler
 
@@ -39,6 +45,8 @@ __all__ = [
     "LoopSettings",
     "LossSums",
     "NullCallbacks",
+    "PreparedStep",
+    "StepPreparer",
     "StopRequest",
     "TrainResult",
     "TrainingCallbacks",
@@ -89,14 +97,51 @@ E = TypeVar("E")
 B = TypeVar("B", bound=Batch)
 
 
+@dataclass(frozen=True)
+class PreparedStep(Generic[B]):
+    batches: list[B]  # the micro-batches of one optimizer step
+    metrics: dict[str, float]  # reported as they are in the step row (rewards, completion lengths, ...)
+
+
+class StepPreparer(Protocol[E, B]):
+    """Builds each optimizer step's batches with the model being trained (rollouts, for RL methods).
+
+    ``prepare`` gets the step's examples, one sequence per data micro-batch, and ``repeat``: the same
+    examples are trained on for ``steps_per_rollout`` consecutive optimizer steps, with ``repeat`` going
+    0, 1, ..., ``steps_per_rollout - 1`` (typically: generate at 0, reuse the rollout after). Called in
+    train mode under the loop's autocast; ``state_dict`` must hold what a resumed run needs to carry on
+    mid-rollout, as tensors and plain Python values.
+    """
+
+    @property
+    def steps_per_rollout(self) -> int: ...
+
+    def prepare(
+        self, model: torch.nn.Module, examples: list[Sequence[E]], repeat: int
+    ) -> PreparedStep[B]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class TrainingTask(Generic[E, B]):
+    """What a method gives the loop.
+
+    ``collate`` batches ``train_data`` (and ``valid_data``) unless a ``preparer`` builds the training
+    batches. ``extra_trainable``: a module trained with ``model`` (same optimizer) that is saved in
+    resumable checkpoints but never exported (PPO's value head).
+    """
+
     model: torch.nn.Module
     tokenizer: PreTrainedTokenizerBase
     train_data: Sequence[E]
     collate: Callable[[Sequence[E]], B]
     loss_fn: Callable[[torch.nn.Module, B], LossSums]
     valid_data: Sequence[E] | None = None
+    preparer: StepPreparer[E, B] | None = None
+    extra_trainable: torch.nn.Module | None = None
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> list[int]:
@@ -119,10 +164,13 @@ class _Loop(Generic[E, B]):
         self.compute_dtype = autocast_dtype(settings.mixed_precision, self.device)
         n = len(task.train_data)
         self.micro_per_epoch = math.ceil(n / settings.batch_size)
-        self.steps_per_epoch = math.ceil(self.micro_per_epoch / settings.gradient_accumulation_steps)
+        self.repeats = task.preparer.steps_per_rollout if task.preparer is not None else 1
+        groups_per_epoch = math.ceil(self.micro_per_epoch / settings.gradient_accumulation_steps)
+        self.steps_per_epoch = groups_per_epoch * self.repeats
         total = self.steps_per_epoch * settings.n_epochs
         self.total_steps = min(total, settings.max_steps) if settings.max_steps is not None else total
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        modules = [self.model] if task.extra_trainable is None else [self.model, task.extra_trainable]
+        self.params = [p for m in modules for p in m.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.params, settings.weight_decay), lr=settings.learning_rate
         )
@@ -146,10 +194,13 @@ class _Loop(Generic[E, B]):
             self.state.total_steps = self.total_steps
             if len(self.state.permutation) != len(self.task.train_data):
                 raise ValueError(f"{self.s.resume_from}: the training data changed since this checkpoint")
+            self._load_task_state(load_task_state(self.s.resume_from))
         else:
             self.state.permutation = epoch_permutation(self.s.seed, 0, len(self.task.train_data))
         self.cb.on_train_begin(total_steps=self.total_steps, n_epochs=self.s.n_epochs)
         self.model.train()
+        if self.task.extra_trainable is not None:
+            self.task.extra_trainable.train()
         while self.state.step < self.total_steps:
             stop = self.cb.should_stop()
             if stop == StopRequest.CANCEL:  # `==`: a plain "cancel" string works too
@@ -173,9 +224,18 @@ class _Loop(Generic[E, B]):
         s, st = self.s, self.state
         first = st.batch_index
         last = min(first + s.gradient_accumulation_steps, self.micro_per_epoch)
-        batches = [self._micro_batch(st.permutation, i) for i in range(first, last)]
-        denominator = max(1, sum(b.loss_denominator for b in batches))
         start = time.perf_counter()
+        step_metrics: dict[str, float] = {}
+        if self.task.preparer is None:
+            batches = [self._micro_batch(st.permutation, i) for i in range(first, last)]
+        else:
+            examples: list[Sequence[E]] = [
+                self._micro_examples(st.permutation, i) for i in range(first, last)
+            ]
+            with self._autocast():
+                prepared = self.task.preparer.prepare(self.model, examples, st.repeat)
+            batches, step_metrics = prepared.batches, prepared.metrics
+        denominator = max(1, sum(b.loss_denominator for b in batches))
         loss_sum, metric_sums = 0.0, dict[str, float]()
         for batch in batches:
             out = self._forward(batch.to(self.device))
@@ -202,9 +262,12 @@ class _Loop(Generic[E, B]):
 
         n_tokens = sum(b.n_tokens for b in batches)
         st.step += 1
-        st.batch_index = last
+        st.repeat += 1
+        if st.repeat == self.repeats:
+            st.repeat = 0
+            st.batch_index = last
         st.trained_tokens += n_tokens
-        epoch = st.epoch + st.batch_index / self.micro_per_epoch
+        epoch = self._epoch_progress()
         row = {
             "step": float(st.step),
             "epoch": epoch,
@@ -213,6 +276,7 @@ class _Loop(Generic[E, B]):
             "grad_norm": grad_norm,
             "tokens_per_second": n_tokens / elapsed if elapsed > 0 else 0.0,
             **{key: value / denominator for key, value in metric_sums.items()},
+            **step_metrics,
             "trained_tokens": float(st.trained_tokens),
             "total_steps": float(self.total_steps),
         }
@@ -225,14 +289,25 @@ class _Loop(Generic[E, B]):
             st.permutation = epoch_permutation(st.sampler_seed, st.epoch, len(self.task.train_data))
         return epoch_done
 
-    def _micro_batch(self, order: Sequence[int], index: int) -> B:
+    def _micro_examples(self, order: Sequence[int], index: int) -> list[E]:
         size = self.s.batch_size
-        return self.task.collate([self.task.train_data[i] for i in order[index * size : (index + 1) * size]])
+        return [self.task.train_data[i] for i in order[index * size : (index + 1) * size]]
+
+    def _micro_batch(self, order: Sequence[int], index: int) -> B:
+        return self.task.collate(self._micro_examples(order, index))
+
+    def _epoch_progress(self) -> float:
+        """Epochs done, fractional; a step that reuses a rollout counts for its share of the examples."""
+        st = self.state
+        group = min(self.s.gradient_accumulation_steps, self.micro_per_epoch - st.batch_index)
+        return st.epoch + (st.batch_index + group * st.repeat / self.repeats) / self.micro_per_epoch
+
+    def _autocast(self) -> torch.autocast | nullcontext[None]:
+        dtype = self.compute_dtype
+        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else nullcontext()
 
     def _forward(self, batch: B) -> LossSums:
-        dtype = self.compute_dtype
-        ctx = torch.autocast(self.device.type, dtype=dtype) if dtype is not None else nullcontext()
-        with ctx:
+        with self._autocast():
             return self.task.loss_fn(self.model, batch)
 
     # -- evaluation -----------------------------------------------------------------------------------
@@ -261,7 +336,7 @@ class _Loop(Generic[E, B]):
         st = self.state
         row = {
             "step": float(st.step),
-            "epoch": st.epoch + st.batch_index / self.micro_per_epoch,
+            "epoch": self._epoch_progress(),
             "valid_loss": loss_sum / max(1, units),
             **{f"valid_{key}": value / max(1, units) for key, value in metric_sums.items()},
         }
@@ -279,15 +354,36 @@ class _Loop(Generic[E, B]):
             model=self.model,
             tokenizer=self.task.tokenizer,
             state=st,
-            epoch=st.epoch + st.batch_index / self.micro_per_epoch,
+            epoch=self._epoch_progress(),
             final=final,
             optimizer=None if final else self.optimizer,
             scheduler=None if final else self.scheduler,
             scaler=None if final else self.scaler,
+            task_state=None if final else self._task_state(),
         )
         self.last_ckpt = ckpt
         self.cb.on_checkpoint(ckpt)
         return ckpt
+
+    def _task_state(self) -> dict[str, Any] | None:
+        task = self.task
+        if task.preparer is None and task.extra_trainable is None:
+            return None
+        return {
+            "preparer": task.preparer.state_dict() if task.preparer is not None else {},
+            "extra_trainable": task.extra_trainable.state_dict() if task.extra_trainable is not None else {},
+        }
+
+    def _load_task_state(self, state: dict[str, Any] | None) -> None:
+        task = self.task
+        if task.preparer is None and task.extra_trainable is None:
+            return
+        if state is None:
+            raise ValueError(f"{self.s.resume_from}: this checkpoint has no state for this method")
+        if task.preparer is not None:
+            task.preparer.load_state_dict(state["preparer"])
+        if task.extra_trainable is not None:
+            task.extra_trainable.load_state_dict(state["extra_trainable"])
 
 
 def _param_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
