@@ -15,7 +15,13 @@ from typing import Protocol
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from trainers.checkpoint import MODEL_DIR
 
@@ -105,3 +111,41 @@ def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     base.config.use_cache = False
     if isinstance(model, PeftModel):
         base.enable_input_require_grads()  # type: ignore[no-untyped-call]
+
+
+def load_sequence_classifier(
+    settings: ModelSettings, device: torch.device, *, pad_token_id: int, num_labels: int = 1
+) -> torch.nn.Module:
+    """A sequence classifier (a reward model: ``num_labels=1``) on a causal LM checkpoint.
+
+    The head (``score`` for Llama-style models) starts untrained, so with LoRA it is trained in full
+    (peft's ``SEQ_CLS`` task saves it with the adapter). ``pad_token_id`` goes into the config: the model
+    scores the last non-pad token of each row. Trainable weights come back from ``settings.resume_from``.
+    """
+    compute = autocast_dtype(settings.mixed_precision, device)
+    resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
+    source = str(resume_model) if resume_model is not None and not settings.use_lora else settings.model_path
+    base_dtype = torch.bfloat16 if settings.use_lora and compute == torch.bfloat16 else torch.float32
+    model: torch.nn.Module = AutoModelForSequenceClassification.from_pretrained(
+        source, num_labels=num_labels, pad_token_id=pad_token_id, dtype=base_dtype
+    )
+    if settings.use_lora:
+        config = LoraConfig(
+            task_type=TaskType.SEQ_CLS,
+            r=settings.lora_r,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules=settings.lora_target_modules or "all-linear",  # all-linear excludes the head
+            modules_to_save=["score"],
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            model = get_peft_model(model, config)
+        if resume_model is not None:
+            set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
+        model.get_submodule("base_model.model.score").float()  # the head trains in fp32
+    if settings.gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
+    return torch.nn.Module.to(model, device)

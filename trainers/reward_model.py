@@ -1,0 +1,240 @@
+"""Reward model: a scalar head on a causal LM, fit to preference pairs with a Bradley–Terry loss.
+
+    L(φ) = - E_(x, y_w, y_l) log σ(r_φ(x, y_w) - r_φ(x, y_l) - m(x))
+
+(Ouyang et al. 2022, eq. 1; the optional per-pair margin m as in Llama 2, Touvron et al. 2023, eq. 2),
+with r_φ(x, y) the head's output at the last token of prompt + completion. The final checkpoint is a
+plain ``AutoModelForSequenceClassification`` folder (LoRA merged) that ``load_reward_scorer`` turns into
+a ``(prompts, completions) -> scores`` callable for graders and PPO. The loop is ``trainers.loop``.
+
+    python -c "
+    from trainers.reward_model import RewardModelConfig, train_reward_model
+    from trainers.tiny_model import build_tiny_model
+    rows = [{'prompt': 'Is the sky blue?', 'chosen': ' Yes.', 'rejected': ' No.'}] * 16
+    print(train_reward_model(RewardModelConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/rm-out'), rows))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForSequenceClassification
+
+from trainers.callbacks import TrainingCallbacks, TrainResult
+from trainers.errors import DataError
+from trainers.loop import LossSums, TrainingTask, run_training
+from trainers.modeling import PRECISIONS, load_sequence_classifier, load_tokenizer, pick_device
+from trainers.preference_data import (
+    PreferenceBatch,
+    collate_preferences,
+    encode_prompt_completion,
+    tokenize_preference_rows,
+)
+from trainers.rng import seed_everything
+from trainers.schedule import SCHEDULES
+
+RewardScorer = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass
+class RewardModelConfig:
+    """Configuration of a reward-model run.
+
+    Model:
+        model_path: a causal LM folder (or a hub id where the host is online); a scalar ``score`` head is
+            added on top of it.
+        output_dir: local folder that receives ``checkpoint-{step:06d}/`` folders.
+        use_lora: train a LoRA adapter plus the whole head (merged for the final checkpoint) instead of all
+            weights.
+        lora_r, lora_alpha, lora_dropout: LoRA rank, scaling numerator (scale = alpha / r) and dropout.
+        lora_target_modules: module names to adapt; None adapts every linear layer but the head.
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+
+    Data:
+        max_length: prompt + completion is truncated to this many tokens; a pair left with no chosen or
+            no rejected token is dropped. Rows may carry a numeric ``margin`` (default 0).
+        max_prompt_length: the prompt is first cut to its last this many tokens (None: not cut).
+
+    Optimisation:
+        n_epochs: passes over the training pairs.
+        batch_size: pairs per forward pass (micro-batch); the forward pass sees 2 * batch_size sequences.
+        gradient_accumulation_steps: micro-batches per optimizer step.
+        learning_rate: peak AdamW learning rate.
+        lr_scheduler: ``linear`` | ``cosine`` (decay to 0) | ``constant``, after linear warmup.
+        warmup_ratio: fraction of the optimizer steps spent warming up from 0.
+        weight_decay: AdamW decoupled weight decay, on matrices only.
+        max_grad_norm: clip the global gradient norm to this (<= 0: no clipping).
+        mixed_precision: ``auto`` (bf16 on CUDA if supported, else none) | ``no`` | ``bf16`` | ``fp16``;
+            CPU always trains in plain fp32.
+        seed: seeds the head's and LoRA's initialisation, dropout and the data order.
+        max_steps: cap on the number of optimizer steps (None: ``n_epochs`` full epochs).
+
+    Run control:
+        save_steps: write a resumable checkpoint every N optimizer steps; 0 writes only the final one.
+        eval_steps: compute ``valid_loss`` and ``valid_accuracy`` every N steps when validation rows are
+            given; 0 does it at the end of each epoch (and always after the last step).
+        resume_from: a checkpoint folder written by this library; training continues from it exactly.
+    """
+
+    model_path: str
+    output_dir: str
+    use_lora: bool = True
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] | None = None
+    max_length: int = 1024
+    max_prompt_length: int | None = None
+    n_epochs: int = 1
+    batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-4
+    lr_scheduler: str = "linear"
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "auto"
+    gradient_checkpointing: bool = False
+    seed: int = 42
+    max_steps: int | None = None
+    save_steps: int = 0
+    eval_steps: int = 0
+    resume_from: str | None = None
+
+    def validate(self) -> None:
+        """Raise ``DataError`` naming the first hyperparameter out of range."""
+        checks = {
+            "lora_r": self.lora_r >= 1,
+            "max_length": self.max_length >= 2,
+            "max_prompt_length": self.max_prompt_length is None or self.max_prompt_length >= 1,
+            "n_epochs": self.n_epochs >= 1,
+            "batch_size": self.batch_size >= 1,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps >= 1,
+            "learning_rate": self.learning_rate > 0,
+            "lr_scheduler": self.lr_scheduler in SCHEDULES,
+            "warmup_ratio": 0.0 <= self.warmup_ratio <= 1.0,
+            "weight_decay": self.weight_decay >= 0,
+            "mixed_precision": self.mixed_precision in PRECISIONS,
+            "max_steps": self.max_steps is None or self.max_steps >= 1,
+            "save_steps": self.save_steps >= 0,
+            "eval_steps": self.eval_steps >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise DataError(
+                    f"{name}={getattr(self, name)!r} is out of range", param=f"hyperparameters.{name}"
+                )
+
+
+def pairwise_loss(
+    chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, margins: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-pair Bradley–Terry loss -log σ(r_w - r_l - m): [B] from [B] rewards and optional [B] margins.
+
+    Ouyang et al. 2022, eq. 1; the margin m is Llama 2's (Touvron et al. 2023, eq. 2).
+    """
+    diff = chosen_rewards - rejected_rewards
+    return -F.logsigmoid(diff - margins if margins is not None else diff)
+
+
+def reward_scores(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """[N] float32 scores of right-padded rows (the head's output at each row's last non-pad token)."""
+    logits: torch.Tensor = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    return logits.squeeze(-1).float()
+
+
+def reward_model_loss(model: torch.nn.Module, batch: PreferenceBatch) -> LossSums:
+    """The loop's loss function: summed pairwise losses and metrics of a micro-batch (one unit per pair)."""
+    n = batch.n_pairs
+    scores = reward_scores(model, batch.input_ids, batch.attention_mask)
+    chosen, rejected = scores[:n], scores[n:]
+    losses = pairwise_loss(chosen, rejected, batch.margins)
+    chosen, rejected = chosen.detach(), rejected.detach()
+    metrics = {
+        "accuracy": (chosen > rejected).sum().item(),
+        "rewards/chosen": chosen.sum().item(),
+        "rewards/rejected": rejected.sum().item(),
+        "rewards/margins": (chosen - rejected).sum().item(),
+    }
+    return LossSums(loss=losses.sum(), metrics={k: float(v) for k, v in metrics.items()})
+
+
+def train_reward_model(
+    config: RewardModelConfig,
+    train_rows: Sequence[Mapping[str, Any]],
+    valid_rows: Sequence[Mapping[str, Any]] | None = None,
+    callbacks: TrainingCallbacks | None = None,
+) -> TrainResult:
+    """Train a reward model on preference rows; raise ``DataError`` when the data is at fault."""
+    config.validate()
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config.model_path)
+    tokenize = partial(
+        tokenize_preference_rows,
+        tokenizer=tokenizer,
+        max_length=config.max_length,
+        max_prompt_length=config.max_prompt_length,
+    )
+    train = tokenize(train_rows, param="training_file")
+    valid = tokenize(valid_rows, param="validation_file") if valid_rows else None
+    pad_id = tokenizer.pad_token_id
+    assert isinstance(pad_id, int)
+    model = load_sequence_classifier(config, pick_device(), pad_token_id=pad_id)
+    collate = partial(collate_preferences, pad_token_id=pad_id)
+    task = TrainingTask(model, tokenizer, train, collate, reward_model_loss, valid)
+    return run_training(config, task, callbacks)
+
+
+def load_reward_scorer(
+    path: str | Path,
+    *,
+    device: torch.device | None = None,
+    batch_size: int = 16,
+    max_length: int = 1024,
+) -> RewardScorer:
+    """A ``(prompts, completions) -> scores`` callable on a reward-model folder (a final checkpoint's
+    ``model/``): batched, without gradients.
+
+    A prompt is plain text or text already rendered by the chat template with its generation prompt
+    (``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``); a completion is the
+    generated text (EOS is appended unless present), so pairs are encoded as in training.
+    """
+    device = device or pick_device()
+    tokenizer = load_tokenizer(str(path))
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
+    model = torch.nn.Module.to(model, device).eval()
+    pad_id = tokenizer.pad_token_id
+    assert isinstance(pad_id, int)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = pad_id
+
+    @torch.no_grad()
+    def score(prompts: list[str], completions: list[str]) -> list[float]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        out: list[float] = []
+        for start in range(0, len(prompts), batch_size):
+            rows = [
+                encode_prompt_completion(tokenizer, p, c, max_length=max_length)
+                for p, c in zip(
+                    prompts[start : start + batch_size], completions[start : start + batch_size], strict=True
+                )
+            ]
+            width = max(len(r) for r in rows)
+            input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, ids in enumerate(rows):
+                input_ids[i, : len(ids)] = torch.tensor(ids)
+                attention_mask[i, : len(ids)] = 1
+            out += reward_scores(model, input_ids.to(device), attention_mask.to(device)).tolist()
+        return out
+
+    return score
