@@ -12,6 +12,7 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, select, text
 
 from service.base_models.routes import router as models_router
+from service.config import get_settings
 from service.db import get_engine, get_sessionmaker
 from service.errors import install_error_handlers
 from service.files.routes import router as files_router
@@ -21,7 +22,18 @@ from service.models import Job
 log = logging.getLogger("tunehouse.api")
 
 
+def _configure_logging() -> None:
+    # uvicorn configures only its own loggers; ours need a handler to reach the server's log
+    logger = logging.getLogger("tunehouse")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(get_settings().log_level.upper())
+
+
 def create_app() -> FastAPI:
+    _configure_logging()
     app = FastAPI(title="tunehouse", version="0.1.0", description="OpenAI-compatible training service")
     install_error_handlers(app)
     app.include_router(files_router)
@@ -35,7 +47,7 @@ def create_app() -> FastAPI:
         response = await call_next(request)
         response.headers["x-request-id"] = rid
         log.info(
-            "%s %s %s %.1fms %s",
+            "%s %s %s %.1fms request_id=%s",
             request.method,
             request.url.path,
             response.status_code,

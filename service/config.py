@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     # blob store: a local folder (default data_dir/blobs); s3:// URLs are refused until implemented
     blob_url: str = ""
 
+    # the API logs one line per request (method, path, status, time, request id) at INFO
+    log_level: str = "INFO"
+
     # uploads
     max_upload_bytes: int = 512 * 1024 * 1024
     min_examples: int = 1

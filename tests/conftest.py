@@ -42,6 +42,7 @@ os.environ.update(
         "TUNEHOUSE_LEASE_TIMEOUT_SECONDS": "10",
         "TUNEHOUSE_CONTROL_POLL_SECONDS": "0.2",
         "TOKENIZERS_PARALLELISM": "false",
+        "TUNEHOUSE_LOG_LEVEL": "WARNING",
         "HF_HUB_OFFLINE": "1",
     }
 )

@@ -5,6 +5,12 @@ package never pulls in FastAPI or torch at import time.
     tunehouse worker [--data-dir D]                                 a Celery worker
     tunehouse migrate                                               alembic upgrade head
     tunehouse keys create --tenant NAME [--json]                    a new API key (last line, or JSON)
+    tunehouse files upload|list|get|delete ...                      training files
+    tunehouse jobs create|list|get|cancel|pause|resume|events|metrics|wait ...
+    tunehouse checkpoints list|download ...
+
+Client commands take --base-url / --api-key (or TUNEHOUSE_BASE_URL / TUNEHOUSE_API_KEY) and --json.
+User errors print one line and exit non-zero; `jobs wait` exits 0 only when the job succeeded.
 """
 
 from __future__ import annotations
@@ -84,9 +90,16 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tunehouse.cli_client import add_client_commands
+
     parser = argparse.ArgumentParser(prog="tunehouse", description="OpenAI-compatible training service")
     parser.add_argument("--data-dir", help="state folder for the embedded default (TUNEHOUSE_DATA_DIR)")
     sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--base-url", help="API URL (TUNEHOUSE_BASE_URL; default http://127.0.0.1:8000)")
+    common.add_argument("--api-key", help="API key (TUNEHOUSE_API_KEY)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    add_client_commands(sub, common)
 
     up = sub.add_parser("up", help="run the API and one worker on the embedded default")
     up.add_argument("--host", default="127.0.0.1")
@@ -118,11 +131,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _use_data_dir(getattr(args, "data_dir_sub", None) or args.data_dir)
+    from tunehouse._exceptions import APIConnectionError, APIStatusError
+    from tunehouse.cli_client import CLIError
+    from tunehouse.resources.jobs import WaitTimeout
+
     try:
         return int(args.func(args))
-    except UserError as exc:
+    except (UserError, CLIError) as exc:
         print(f"tunehouse: {exc}", file=sys.stderr)
         return 2
+    except APIStatusError as exc:
+        where = f" [{exc.param}]" if exc.param else ""
+        rid = f" (request id {exc.request_id})" if exc.request_id else ""
+        print(f"tunehouse: error {exc.status_code}{where}: {exc.message}{rid}", file=sys.stderr)
+        return 1
+    except APIConnectionError as exc:
+        print(f"tunehouse: cannot reach the API: {exc.message}", file=sys.stderr)
+        return 1
+    except WaitTimeout as exc:
+        print(f"tunehouse: {exc}", file=sys.stderr)
+        return 124
     except KeyboardInterrupt:
         return 130
 

@@ -1,8 +1,8 @@
 """The trainer's callbacks for a job: metrics, events, checkpoints and cancel checks, into the DB.
 
-Metric rows are buffered and flushed at least every `metrics_flush_seconds` (and at every event that
-matters), so a fast loop does not pay a DB round trip per step; each flush also publishes the rows
-on Redis (`tunehouse:job:<id>`) when Redis is configured, for live streams.
+Metric rows are buffered and flushed to the DB at least every `metrics_flush_seconds` (and at every
+event that matters), so a fast loop does not pay a DB round trip per step; each row is also published
+on Redis (`tunehouse:job:<id>`) the moment it is logged, when Redis is configured, for live streams.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.ids import new_id
 from service.jobs.events import add_event
+from service.jobs.stream import channel
 from service.models import Checkpoint, Job, JobMetric
 from service.storage import LocalBlobStore
 from trainers.loop import CheckpointInfo, StopRequest
@@ -85,11 +86,13 @@ class JobReporter:
 
     def on_step(self, row: dict[str, float]) -> None:
         self.last_row = row
+        self._publish(row)
         self._buffer(int(row["step"]), row)
         if time.monotonic() - self._last_flush >= self.settings.metrics_flush_seconds:
             self.flush()
 
     def on_eval(self, row: dict[str, float]) -> None:
+        self._publish(row)
         self._buffer(int(row["step"]), row)
         self.flush()
 
@@ -193,12 +196,14 @@ class JobReporter:
                 .where(Job.id == self.job_id)
                 .values(current_step=last, trained_tokens=int(tokens) if tokens is not None else None)
             )
-        if self.publisher is not None:
-            for step, entry in sorted(pending.items()):
-                message = json.dumps(
-                    {"type": "metrics", "step": step, "epoch": entry["epoch"], **entry["values"]}
-                )
-                try:
-                    self.publisher.publish(f"tunehouse:job:{self.job_id}", message)
-                except Exception:  # a live stream is best effort; the DB row is the record
-                    log.warning("could not publish metrics for %s", self.job_id, exc_info=True)
+
+    def _publish(self, row: dict[str, float]) -> None:
+        """Live path: each row goes to Redis at once (the DB gets it at the next flush)."""
+        if self.publisher is None:
+            return
+        values = {k: v for k, v in row.items() if k != "total_steps"}
+        message = json.dumps({**values, "step": int(row["step"]), "logged_at": time.time()})
+        try:
+            self.publisher.publish(channel(self.job_id), message)
+        except Exception:  # a live stream is best effort; the DB row is the record
+            log.warning("could not publish metrics for %s", self.job_id, exc_info=True)

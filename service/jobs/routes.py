@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 
 from service.auth import TenantDep
@@ -12,6 +12,7 @@ from service.dependencies import SessionDep, SettingsDep
 from service.jobs import service
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
+from service.jobs.stream import Cursor, job_stream
 from service.pagination import list_body
 from service.storage import get_blob_store
 
@@ -86,6 +87,23 @@ def checkpoint_content(
             "content-disposition": f'attachment; filename="{ckpt.id}.tar"',
             "content-length": str(store.size(ckpt.blob_key)),
         },
+    )
+
+
+@router.get("/{job_id}/stream")
+def stream_job(
+    job_id: str,
+    session: SessionDep,
+    tenant: TenantDep,
+    settings: SettingsDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Extension: events and metric rows as Server-Sent Events; resumable with `Last-Event-ID`."""
+    service.get_job(session, tenant=tenant, job_id=job_id)
+    return StreamingResponse(
+        job_stream(job_id, Cursor.parse(last_event_id), settings),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
 
 

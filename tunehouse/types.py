@@ -1,0 +1,111 @@
+"""Typed objects the API returns. Unknown fields are kept (`extra="allow"`), so a newer server does not
+break an older SDK."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused"]
+TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+
+
+class _Object(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FileObject(_Object):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str
+    format: str | None = None
+    line_count: int | None = None
+    sha256: str | None = None
+
+
+class FileDeleted(_Object):
+    id: str
+    deleted: bool
+
+
+class JobError(_Object):
+    code: str
+    message: str
+    param: str | None = None
+    fault: Literal["user", "system"] | None = None
+
+
+class FineTuningJob(_Object):
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int
+    error: JobError | None = None
+    fine_tuned_model: str | None = None
+    finished_at: int | None = None
+    hyperparameters: dict[str, Any] = {}
+    model: str
+    organization_id: str
+    seed: int
+    status: JobStatus
+    trained_tokens: int | None = None
+    training_file: str
+    validation_file: str | None = None
+    metadata: dict[str, str] | None = None
+    method: dict[str, Any]
+    user_provided_suffix: str | None = None
+    started_at: int | None = None
+    current_step: int = 0
+    total_steps: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class JobEvent(_Object):
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: str
+    message: str
+    type: str
+    data: dict[str, Any] | None = None
+
+
+class Checkpoint(_Object):
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    metrics: dict[str, float]
+    step_number: int
+    bytes: int | None = None
+    is_final: bool = False
+
+
+class MetricRow(_Object):
+    """One optimizer step's metrics; method-specific keys (loss, reward, ...) are extra fields."""
+
+    object: Literal["fine_tuning.job.metric"] = "fine_tuning.job.metric"
+    step: int
+    epoch: float
+
+    def value(self, key: str) -> float | None:
+        raw = (self.model_extra or {}).get(key)
+        return float(raw) if isinstance(raw, int | float) else None
+
+
+class StreamEnd(_Object):
+    """The last item of a live stream: the job reached a terminal state."""
+
+    object: Literal["fine_tuning.job.stream_end"] = "fine_tuning.job.stream_end"
+    status: JobStatus
+
+
+StreamItem = JobEvent | MetricRow | StreamEnd
