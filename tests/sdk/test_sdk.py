@@ -35,7 +35,10 @@ def test_sdk_imports_no_torch_or_fastapi() -> None:
     import subprocess
     import sys
 
-    code = "import sys, tunehouse, tunehouse.cli; print(sorted(m for m in ('torch', 'fastapi', 'transformers') if m in sys.modules))"
+    code = (
+        "import sys, tunehouse, tunehouse.cli; "
+        "print(sorted(m for m in ('torch', 'fastapi', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -107,7 +110,7 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
     failures_left = 0
     hits = 0
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         type(self).hits += 1
         if type(self).failures_left > 0:
             type(self).failures_left -= 1
@@ -148,9 +151,12 @@ def test_retries_on_5xx_then_gives_up() -> None:
 
 
 def test_connection_error_is_typed() -> None:
-    with tunehouse.Client(base_url=f"http://127.0.0.1:{free_port()}", api_key="k", max_retries=0) as client:
-        with pytest.raises(tunehouse.APIConnectionError):
-            client.files.list()
+    url = f"http://127.0.0.1:{free_port()}"
+    with (
+        tunehouse.Client(base_url=url, api_key="k", max_retries=0) as client,
+        pytest.raises(tunehouse.APIConnectionError),
+    ):
+        client.files.list()
 
 
 def test_stream_wait_metrics_and_download(stack_sdk: tunehouse.Client, tmp_path: Path) -> None:
