@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import copy
 import gc
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -216,8 +216,6 @@ def sequence_log_probs(
 
 # -- the method ---------------------------------------------------------------------------------------
 
-ReferenceForward = Callable[[PreferenceBatch], torch.Tensor]  # a batch -> its [2B] reference log-probs
-
 
 def policy_log_probs(model: torch.nn.Module, batch: PreferenceBatch) -> torch.Tensor:
     """[2B] completion log-probs of chosen then rejected rows, in one forward pass."""
@@ -225,36 +223,29 @@ def policy_log_probs(model: torch.nn.Module, batch: PreferenceBatch) -> torch.Te
     return sequence_log_probs(logits, batch.input_ids, batch.completion_mask)
 
 
-def frozen_reference(model: torch.nn.Module) -> ReferenceForward:
-    """The reference as a separate frozen model (eval mode, no gradients)."""
-    model.eval().requires_grad_(False)
+@dataclass(frozen=True)
+class Reference:
+    """The reference policy's forward: a batch -> its [2B] completion log-probs, without gradients.
+
+    ``model`` is a separate frozen model, or (``disable_adapter``) the LoRA policy itself run with its
+    adapter switched off: the base weights, shared, never copied.
+    """
+
+    model: torch.nn.Module
+    disable_adapter: bool = False
+
+    @classmethod
+    def frozen(cls, model: torch.nn.Module) -> Reference:
+        model.eval().requires_grad_(False)
+        return cls(model)
 
     @torch.no_grad()
-    def forward(batch: PreferenceBatch) -> torch.Tensor:
-        return policy_log_probs(model, batch)
-
-    return forward
-
-
-def frozen_reference_view(model: torch.nn.Module) -> ReferenceForward:
-    """The untrained policy itself as the reference, for precomputing before its first step."""
-
-    @torch.no_grad()
-    def forward(batch: PreferenceBatch) -> torch.Tensor:
-        return policy_log_probs(model, batch)
-
-    return forward
-
-
-def adapter_disabled_reference(model: PeftModel) -> ReferenceForward:
-    """The reference of a LoRA policy: its own base weights, with the adapter switched off."""
-
-    @torch.no_grad()
-    def forward(batch: PreferenceBatch) -> torch.Tensor:
-        with model.disable_adapter():
-            return policy_log_probs(model, batch)
-
-    return forward
+    def __call__(self, batch: PreferenceBatch) -> torch.Tensor:
+        if self.disable_adapter:
+            assert isinstance(self.model, PeftModel)
+            with self.model.disable_adapter():
+                return policy_log_probs(self.model, batch)
+        return policy_log_probs(self.model, batch)
 
 
 @dataclass
@@ -264,7 +255,7 @@ class DPOLoss:
     beta: float
     loss_type: str
     label_smoothing: float
-    reference: ReferenceForward | None  # None: the batch carries precomputed reference log-probs
+    reference: Reference | None  # None: the batch carries precomputed reference log-probs
 
     def __call__(self, model: torch.nn.Module, batch: PreferenceBatch) -> LossSums:
         n = batch.n_pairs
@@ -314,7 +305,7 @@ def check_reference(model: torch.nn.Module, ref_model: torch.nn.Module) -> None:
 
 @torch.no_grad()
 def precompute_reference_log_probs(
-    reference: ReferenceForward,
+    reference: Reference,
     examples: Sequence[PreferenceExample],
     *,
     batch_size: int,
@@ -358,51 +349,42 @@ def build_dpo_task(
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
     device = next(model.parameters()).device
-    with _reference(
-        model, ref_model, load_reference, precompute=config.precompute_ref_log_probs
-    ) as reference:
-        if config.precompute_ref_log_probs:
-            kwargs: dict[str, Any] = {
-                "batch_size": config.batch_size,
-                "pad_token_id": pad_id,
-                "device": device,
-                "compute_dtype": autocast_dtype(config.mixed_precision, device),
-            }
-            was_training = model.training
-            model.eval()  # no dropout in the reference
-            train = precompute_reference_log_probs(reference, train, **kwargs)
-            valid = precompute_reference_log_probs(reference, valid, **kwargs) if valid else valid
-            model.train(was_training)
-            loss_ref = None
-        else:
-            loss_ref = reference
-    loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, loss_ref)
-    return TrainingTask(
-        model, tokenizer, train, partial(collate_preferences, pad_token_id=pad_id), loss, valid
-    )
+    reference = _pick_reference(model, ref_model, load_reference, precompute=config.precompute_ref_log_probs)
+    if config.precompute_ref_log_probs:
+        kwargs: dict[str, Any] = {
+            "batch_size": config.batch_size,
+            "pad_token_id": pad_id,
+            "device": device,
+            "compute_dtype": autocast_dtype(config.mixed_precision, device),
+        }
+        was_training = model.training
+        model.eval()  # no dropout in the reference
+        train = precompute_reference_log_probs(reference, train, **kwargs)
+        valid = precompute_reference_log_probs(reference, valid, **kwargs) if valid else valid
+        model.train(was_training)
+        del reference  # a copy made for precomputing is freed here: the loss keeps no reference
+        gc.collect()
+        loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, None)
+    else:
+        loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, reference)
+    collate = partial(collate_preferences, pad_token_id=pad_id)
+    return TrainingTask(model, tokenizer, train, collate, loss, valid)
 
 
-@contextmanager
-def _reference(
+def _pick_reference(
     model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
     load_reference: Callable[[], torch.nn.Module] | None,
     *,
     precompute: bool,
-) -> Iterator[ReferenceForward]:
-    """Yield the reference forward; a copy made only for precomputing is freed on exit."""
+) -> Reference:
     if ref_model is not None:
-        yield frozen_reference(ref_model)
-    elif isinstance(model, PeftModel):
-        yield adapter_disabled_reference(model)
-    elif precompute and load_reference is None:
-        yield frozen_reference_view(model)  # the model has not trained yet: it is the reference
-    else:
-        copy_ = load_reference() if load_reference is not None else copy.deepcopy(model)
-        yield frozen_reference(copy_)
-        if precompute:
-            del copy_
-            gc.collect()
+        return Reference.frozen(ref_model)
+    if isinstance(model, PeftModel):
+        return Reference(model, disable_adapter=True)
+    if precompute and load_reference is None:
+        return Reference(model)  # the model has not trained yet: it is the reference, no copy needed
+    return Reference.frozen(load_reference() if load_reference is not None else copy.deepcopy(model))
 
 
 def train_dpo(
