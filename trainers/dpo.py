@@ -379,7 +379,8 @@ def _pick_reference(
     precompute: bool,
 ) -> Reference:
     if ref_model is not None:
-        return Reference.frozen(ref_model)
+        device = next(model.parameters()).device
+        return Reference.frozen(torch.nn.Module.to(ref_model, device))
     if isinstance(model, PeftModel):
         return Reference(model, disable_adapter=True)
     if precompute and load_reference is None:

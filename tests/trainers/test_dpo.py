@@ -429,3 +429,15 @@ def test_resume_repeats_the_uninterrupted_run(
         ):
             assert ours[key] == pytest.approx(theirs[key], abs=1e-5), key
     assert resumed.evals[-1]["valid_loss"] == pytest.approx(full.evals[-1]["valid_loss"], abs=1e-5)
+
+
+def test_a_separate_reference_copy_matches_the_default(
+    make_config: Callable[..., DPOConfig], tiny_model_path: Path, tmp_path: Path
+) -> None:
+    rows = separable_rows(8)
+    common = {"use_lora": False, "learning_rate": 1e-3, "max_steps": 2, "batch_size": 4}
+    default, explicit = Recorder(), Recorder()
+    train_dpo(make_config(**common, output_dir=str(tmp_path / "a")), rows, callbacks=default)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    train_dpo(make_config(**common, output_dir=str(tmp_path / "b")), rows, callbacks=explicit, ref_model=ref)
+    assert explicit.losses == pytest.approx(default.losses, abs=1e-6)
