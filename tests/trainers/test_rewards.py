@@ -1,0 +1,226 @@
+"""Graders: each type, the multi formula, the sandboxed python grader, spec validation, doctests."""
+
+from __future__ import annotations
+
+import doctest
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+import trainers.rewards
+from trainers.rewards import GraderError, build_grader, sentence_bleu, validate_grader
+
+OUT = "{{sample.output_text}}"
+
+
+def test_doctests_pass() -> None:
+    result = doctest.testmod(trainers.rewards, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted >= 10
+
+
+@pytest.mark.parametrize(
+    ("operation", "expected"),
+    [("eq", [1.0, 0.0, 0.0]), ("ne", [0.0, 1.0, 1.0]), ("like", [1.0, 1.0, 0.0]), ("ilike", [1.0, 1.0, 1.0])],
+)
+def test_string_check(operation: str, expected: list[float]) -> None:
+    grader = build_grader(
+        {
+            "type": "string_check",
+            "name": "s",
+            "operation": operation,
+            "input": OUT,
+            "reference": "{{item.answer}}",
+        }
+    )
+    completions = ["Lima", "It is Lima.", "LIMA"]
+    assert grader(["q"] * 3, completions, answer=["Lima"] * 3) == expected
+
+
+def test_string_check_reads_nested_fields_and_literals() -> None:
+    nested = build_grader(
+        {
+            "type": "string_check",
+            "name": "n",
+            "operation": "eq",
+            "input": OUT,
+            "reference": "{{item.meta.city}}",
+        }
+    )
+    assert nested(["q"], ["Lima"], meta=[{"city": "Lima"}]) == [1.0]
+    with pytest.raises(GraderError, match=r"no field item.meta.city"):
+        nested(["q"], ["Lima"], meta=[{}])
+
+
+def test_text_similarity() -> None:
+    fuzzy = build_grader(
+        {
+            "type": "text_similarity",
+            "name": "f",
+            "input": OUT,
+            "reference": "Lima",
+            "evaluation_metric": "fuzzy_match",
+        }
+    )
+    assert fuzzy(["q", "q"], ["Lima", "Lime"]) == [1.0, 0.75]
+    bleu = build_grader(
+        {
+            "type": "text_similarity",
+            "name": "b",
+            "input": OUT,
+            "reference": "{{item.ref}}",
+            "evaluation_metric": "bleu",
+        }
+    )
+    ref = "the capital of peru is lima"
+    scores = bleu(["q"] * 3, [ref, "the capital is lima", "bananas"], ref=[ref] * 3)
+    assert scores[0] == 1.0 and 0.0 == scores[2] < scores[1] < 1.0  # no unigram match: 0
+    # Hand computation: p1 = 4/4, p2 = (2+1)/(3+1), p3 = 1/3, p4 = 1/2; BP = exp(1 - 6/4).
+    expected = (1 * 0.75 * (1 / 3) * 0.5) ** 0.25 * math.exp(-0.5)
+    assert sentence_bleu("the capital is lima", ref) == pytest.approx(expected, abs=1e-9)
+
+
+def test_multi_formula() -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "exact": {
+                "type": "string_check",
+                "name": "e",
+                "operation": "eq",
+                "input": OUT,
+                "reference": "Lima",
+            },
+            "close": {
+                "type": "text_similarity",
+                "name": "c",
+                "input": OUT,
+                "reference": "Lima",
+                "evaluation_metric": "fuzzy_match",
+            },
+        },
+        "calculate_output": "0.5 * exact + 0.5 * close - min(abs(-0.1), 1) / 2",
+    }
+    grader = build_grader(spec)
+    assert grader(["q", "q"], ["Lima", "Lime"]) == pytest.approx([0.95, 0.325])
+
+
+@pytest.mark.parametrize(
+    ("formula", "message"),
+    [
+        ("__import__('os')", "may only call min, max and abs"),
+        ("a ** 2", r"may only use \+ - \* /"),
+        ("a + b", "'b', which is not a grader name"),
+        ("a.real", "may not contain Attribute"),
+        ("'x'", "may only contain numbers"),
+        ("a +", "not a valid formula"),
+    ],
+)
+def test_multi_formula_is_restricted(formula: str, message: str) -> None:
+    spec = {
+        "type": "multi",
+        "graders": {
+            "a": {"type": "string_check", "name": "a", "operation": "eq", "input": OUT, "reference": "x"}
+        },
+        "calculate_output": formula,
+    }
+    with pytest.raises(GraderError, match=message) as info:
+        validate_grader(spec)
+    assert info.value.param == "grader.calculate_output"
+
+
+@pytest.mark.parametrize(
+    ("spec", "param"),
+    [
+        ({"type": "nope"}, "grader.type"),
+        ({"type": "string_check", "name": "x", "operation": "eq", "input": OUT}, "grader.reference"),
+        (
+            {"type": "text_similarity", "name": "x", "input": OUT, "reference": "a"},
+            "grader.evaluation_metric",
+        ),
+        ({"type": "score_model", "name": "x"}, "grader.model"),
+        ({"type": "python", "name": "x", "source": "def grade(:"}, "grader.source"),
+        ({"type": "python", "name": "x", "source": "def other(s, i): return 1"}, "grader.source"),
+        (
+            {
+                "type": "multi",
+                "graders": {
+                    "a": {
+                        "type": "string_check",
+                        "name": "a",
+                        "operation": "equals",
+                        "input": OUT,
+                        "reference": "x",
+                    }
+                },
+                "calculate_output": "a",
+            },
+            "grader.graders.a.operation",
+        ),
+    ],
+)
+def test_validate_names_the_offending_field(spec: dict[str, object], param: str) -> None:
+    with pytest.raises(GraderError) as info:
+        validate_grader(spec)
+    assert info.value.param == param
+
+
+def test_score_model(tiny_model_path: Path, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1)
+    model.save_pretrained(tmp_path / "rm")
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(tmp_path / "rm")
+    grader = build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "rm")})
+    prompts, completions = ["Hello", "Hello", "Capital?"], ["there", "friend of mine", "Lima"]
+    scores = grader(prompts, completions)
+    # Batched with padding == one at a time without padding.
+    tok = AutoTokenizer.from_pretrained(tmp_path / "rm")
+    model.eval()
+    for p, c, s in zip(prompts, completions, scores, strict=True):
+        ids = tok(p + c, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            assert s == pytest.approx(model(input_ids=ids).logits[0, 0].item(), abs=1e-5)
+    assert len(set(scores)) == 3
+    with pytest.raises(GraderError, match="cannot load the reward model") as info:
+        build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "missing")})
+    assert info.value.param == "grader.model"
+
+
+PY = {"type": "python", "name": "py"}
+
+
+def test_python_grader_runs_when_allowed() -> None:
+    source = (
+        "def grade(sample, item):\n    print('noise')\n    return sample['output_text'] == item['answer']"
+    )
+    grader = build_grader({**PY, "source": source}, allow_python=True)
+    assert grader(["q", "q"], ["Lima", "Quito"], answer=["Lima", "Lima"]) == [1.0, 0.0]
+
+
+def test_python_grader_is_refused_unless_allowed() -> None:
+    with pytest.raises(GraderError, match="operator must enable them"):
+        build_grader({**PY, "source": "def grade(sample, item):\n    return 1.0"})
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("    while True:\n        pass", r"timed out after 2 s"),
+        ("    x = bytearray(2 * 1024**3)\n    return 1.0", r"ran out of memory \(limit 256 MiB\)"),
+        ("    raise KeyError('answer')", r"failed: KeyError: 'answer'"),
+        ("    return 'high'", r"returned 'high' for sample 0; expected a finite number"),
+        ("    import os\n    os._exit(3)", r"crashed"),
+    ],
+    ids=["timeout", "memory", "exception", "non-numeric", "crash"],
+)
+def test_python_grader_failures_raise_grader_error(body: str, message: str) -> None:
+    grader = build_grader(
+        {**PY, "source": f"def grade(sample, item):\n{body}"},
+        allow_python=True,
+        python_timeout=2,
+        python_memory_mb=256,
+    )
+    with pytest.raises(GraderError, match=message):
+        grader(["q"], ["a"])

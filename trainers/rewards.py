@@ -1,0 +1,556 @@
+"""Reward functions for GRPO and PPO, and the declarative graders that jobs submitted over HTTP use.
+
+A reward function is a plain callable ``(prompts, completions, **columns) -> list[float]``: one score per
+completion; ``columns`` are the RL rows' other fields, one list entry per completion. GRPO and PPO take a
+list of them plus optional weights. ``build_grader`` turns an OpenAI-shaped grader dict into one:
+
+- ``string_check``: ``{"type": "string_check", "name", "operation": "eq" | "ne" | "like" | "ilike",
+  "input": "{{sample.output_text}}", "reference": "{{item.answer}}"}`` -> 1.0 or 0.0 (``like``: the
+  reference is a substring of the input; ``ilike``: the same, ignoring case);
+- ``text_similarity``: ``{..., "evaluation_metric": "fuzzy_match" | "bleu"}`` -> [0, 1];
+- ``score_model``: ``{..., "model": <local folder of a sequence-classification reward model>}`` -> the
+  model's scalar score of prompt + completion;
+- ``multi``: ``{"graders": {"a": {...}, ...}, "calculate_output": "0.5 * a + 0.5 * b"}``, the formula
+  allowing numbers, + - * /, the sub-graders' names, ``min``, ``max`` and ``abs``;
+- ``python``: ``{"source": "def grade(sample, item) -> float: ..."}``, tenant code: refused unless the
+  operator passes ``allow_python=True``, run in a separate isolated process (``python -I``) per batch,
+  under a wall-time and an address-space limit.
+
+Templates: ``{{sample.output_text}}`` is the completion, ``{{item.FIELD}}`` a column of the row (dotted
+paths reach into objects); text without ``{{...}}`` is a literal. ``validate_grader`` checks a spec
+without running anything (the API calls it when a job is created); ``GraderError.param`` names the
+offending field, e.g. ``"grader.graders.a.operation"``.
+
+    python -c "from trainers.rewards import build_grader; g = build_grader({'type': 'string_check',
+    'name': 'n', 'operation': 'like', 'input': '{{sample.output_text}}', 'reference': 'Lima'});
+    print(g(['Capital of Peru?'], ['It is Lima.']))"
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import math
+import operator
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from trainers.errors import DataError
+
+__all__ = [
+    "GRADER_TYPES",
+    "GraderError",
+    "RewardFunc",
+    "build_grader",
+    "fuzzy_match",
+    "reward_name",
+    "sentence_bleu",
+    "validate_grader",
+]
+
+GRADER_TYPES = ("string_check", "text_similarity", "score_model", "multi", "python")
+STRING_OPERATIONS = ("eq", "ne", "like", "ilike")
+SIMILARITY_METRICS = ("fuzzy_match", "bleu")
+FORMULA_FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max, "abs": abs}
+_TEMPLATE = re.compile(r"\{\{\s*(sample|item)\.([A-Za-z0-9_.\-]+)\s*\}\}")
+
+
+class RewardFunc(Protocol):
+    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]: ...
+
+
+class GraderError(DataError):
+    """A grader spec is malformed, or grading failed in a way that blames the job (tenant code, data).
+
+    ``param`` names the field at fault, e.g. ``"grader.graders.a.operation"``.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+
+
+def reward_name(func: Callable[..., Any], index: int) -> str:
+    """A reward function's name for metrics: a grader's ``name``, a function's ``__name__``."""
+    name = getattr(func, "__name__", None)
+    return name if isinstance(name, str) and name != "<lambda>" else f"reward_{index}"
+
+
+# -- templates ----------------------------------------------------------------------------------------
+def render(template: str, completion: str, item: Mapping[str, Any], *, param: str) -> str:
+    """Substitute ``{{sample.output_text}}`` and ``{{item.FIELD}}`` in ``template``.
+
+    >>> render("{{ item.answer }}!", "x", {"answer": "Lima"}, param="p")
+    'Lima!'
+    >>> render("{{sample.output_text}}", "It is Lima", {}, param="p")
+    'It is Lima'
+    """
+
+    def substitute(match: re.Match[str]) -> str:
+        scope, path = match.group(1), match.group(2)
+        if scope == "sample":
+            if path != "output_text":
+                raise GraderError(f"unknown template variable sample.{path}", param)
+            return completion
+        value: Any = item
+        for key in path.split("."):
+            if not isinstance(value, Mapping) or key not in value:
+                raise GraderError(f"the row has no field item.{path}", param)
+            value = value[key]
+        return value if isinstance(value, str) else json.dumps(value)
+
+    return _TEMPLATE.sub(substitute, template)
+
+
+def _items(n: int, columns: Mapping[str, list[Any]]) -> list[dict[str, Any]]:
+    return [{key: values[i] for key, values in columns.items()} for i in range(n)]
+
+
+# -- string_check ---------------------------------------------------------------------------------------
+class StringCheck:
+    """1.0 when ``input`` and ``reference`` compare as ``operation`` says, else 0.0.
+
+    >>> check = StringCheck("has_lima", "ilike", "{{sample.output_text}}", "{{item.answer}}")
+    >>> check(["Capital of Peru?", "Capital of Peru?"], ["It is LIMA.", "Quito"], answer=["Lima", "Lima"])
+    [1.0, 0.0]
+    """
+
+    def __init__(self, name: str, operation: str, input: str, reference: str, param: str = "grader") -> None:
+        self.__name__ = name
+        self.operation, self.input, self.reference, self.param = operation, input, reference, param
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
+        scores = []
+        for completion, item in zip(completions, _items(len(completions), columns), strict=True):
+            text = render(self.input, completion, item, param=f"{self.param}.input")
+            ref = render(self.reference, completion, item, param=f"{self.param}.reference")
+            if self.operation == "eq":
+                ok = text == ref
+            elif self.operation == "ne":
+                ok = text != ref
+            elif self.operation == "like":
+                ok = ref in text
+            else:
+                ok = ref.lower() in text.lower()
+            scores.append(1.0 if ok else 0.0)
+        return scores
+
+
+# -- text_similarity ------------------------------------------------------------------------------------
+def fuzzy_match(hypothesis: str, reference: str) -> float:
+    """difflib's ``SequenceMatcher`` ratio, 2 * matches / total length, in [0, 1].
+
+    >>> fuzzy_match("Lima", "Lima"), round(fuzzy_match("Lima", "Lime"), 2)
+    (1.0, 0.75)
+    """
+    return difflib.SequenceMatcher(None, hypothesis, reference).ratio()
+
+
+def sentence_bleu(hypothesis: str, reference: str, max_n: int = 4) -> float:
+    """Sentence BLEU on whitespace tokens (Papineni et al. 2002, eq. 1-2) with add-one smoothing of the
+    2..4-gram precisions (Lin & Och 2004), so that short hypotheses score above 0.
+
+        BLEU = BP * exp(mean_n log p_n),   BP = min(1, exp(1 - r / c))
+
+    >>> sentence_bleu("the capital of peru is lima", "the capital of peru is lima")
+    1.0
+    >>> round(sentence_bleu("the capital is lima", "the capital of peru is lima"), 3)
+    0.361
+    >>> sentence_bleu("", "lima")
+    0.0
+    """
+    hyp, ref = hypothesis.split(), reference.split()
+    if not hyp or not ref:
+        return 1.0 if hyp == ref else 0.0
+    log_precision = 0.0
+    for n in range(1, max_n + 1):
+        hyp_ngrams = Counter(tuple(hyp[i : i + n]) for i in range(len(hyp) - n + 1))
+        ref_ngrams = Counter(tuple(ref[i : i + n]) for i in range(len(ref) - n + 1))
+        matches = sum(min(count, ref_ngrams[gram]) for gram, count in hyp_ngrams.items())
+        total = max(0, len(hyp) - n + 1)
+        smooth = 0 if n == 1 else 1
+        if matches + smooth == 0:
+            return 0.0
+        log_precision += math.log((matches + smooth) / (total + smooth)) / max_n
+    brevity = min(1.0, math.exp(1 - len(ref) / len(hyp)))
+    return min(1.0, brevity * math.exp(log_precision))
+
+
+class TextSimilarity:
+    """Similarity of ``input`` to ``reference`` in [0, 1] (``fuzzy_match`` or ``bleu``).
+
+    >>> sim = TextSimilarity("close", "fuzzy_match", "{{sample.output_text}}", "Lima")
+    >>> sim(["q", "q"], ["Lima", "Lime"])
+    [1.0, 0.75]
+    """
+
+    def __init__(self, name: str, metric: str, input: str, reference: str, param: str = "grader") -> None:
+        self.__name__ = name
+        self.metric = fuzzy_match if metric == "fuzzy_match" else sentence_bleu
+        self.input, self.reference, self.param = input, reference, param
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
+        scores = []
+        for completion, item in zip(completions, _items(len(completions), columns), strict=True):
+            text = render(self.input, completion, item, param=f"{self.param}.input")
+            ref = render(self.reference, completion, item, param=f"{self.param}.reference")
+            scores.append(float(self.metric(text, ref)))
+        return scores
+
+
+# -- score_model ----------------------------------------------------------------------------------------
+class ScoreModel:
+    """The scalar output of a sequence-classification reward model (``num_labels=1``) on prompt +
+    completion, batched, without gradients. ``prompts`` are the prompts as the policy saw them (chat
+    template applied), so prompt + completion is the text the policy produced.
+
+    >>> scorer = ScoreModel("rm", "/path/to/reward-model")  # doctest: +SKIP
+    >>> scorer(["<|user|>\\nHi<|end|><|assistant|>\\n"], ["Hello!"])  # doctest: +SKIP
+    [0.73]
+    """
+
+    def __init__(self, name: str, model_path: str, *, batch_size: int = 16, param: str = "grader") -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.__name__ = name
+        self.batch_size = batch_size
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
+        except (OSError, ValueError) as exc:
+            raise GraderError(
+                f"cannot load the reward model at {model_path}: {exc}", f"{param}.model"
+            ) from exc
+        if model.config.num_labels != 1:
+            raise GraderError(
+                f"the reward model must have one output (num_labels=1), not {model.config.num_labels}",
+                f"{param}.model",
+            )
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.tokenizer.padding_side = "right"
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.model: Any = torch.nn.Module.to(model.eval(), device)
+        self.device = device
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
+        texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        scores: list[float] = []
+        for start in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(
+                texts[start : start + self.batch_size],
+                add_special_tokens=False,
+                padding=True,
+                return_tensors="pt",
+            ).to(self.device)
+            logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+            scores += [float(x) for x in logits[:, 0].float().cpu()]
+        return scores
+
+
+# -- multi ----------------------------------------------------------------------------------------------
+_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def parse_formula(formula: str, names: Sequence[str], *, param: str) -> ast.Expression:
+    """Parse ``calculate_output``; raise ``GraderError`` on anything but numbers, names, + - * / and
+    min/max/abs calls."""
+    try:
+        tree = ast.parse(formula, mode="eval")
+    except SyntaxError as exc:
+        raise GraderError(f"calculate_output is not a valid formula: {exc.msg}", param) from exc
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id in FORMULA_FUNCTIONS) or node.keywords:
+                raise GraderError("calculate_output may only call min, max and abs", param)
+            if not node.args:
+                raise GraderError("min, max and abs need arguments", param)
+        elif isinstance(node, ast.Name):
+            if node.id not in names and node.id not in FORMULA_FUNCTIONS:
+                raise GraderError(f"calculate_output uses {node.id!r}, which is not a grader name", param)
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, bool) or not isinstance(node.value, int | float):
+                raise GraderError("calculate_output may only contain numbers", param)
+        elif isinstance(node, ast.BinOp):
+            if type(node.op) not in _BINARY:
+                raise GraderError("calculate_output may only use + - * /", param)
+        elif isinstance(node, ast.UnaryOp):
+            if type(node.op) not in _UNARY:
+                raise GraderError("calculate_output may only use + - * /", param)
+        elif not isinstance(node, ast.Expression | ast.Load | ast.operator | ast.unaryop):
+            raise GraderError(f"calculate_output may not contain {type(node).__name__}", param)
+    return tree
+
+
+def eval_formula(tree: ast.Expression, values: Mapping[str, float]) -> float:
+    """Evaluate a formula checked by ``parse_formula``.
+
+    >>> eval_formula(parse_formula("0.5 * a + max(b, 0.2) / 2", ["a", "b"], param="p"), {"a": 1.0, "b": 0.0})
+    0.6
+    """
+
+    def ev(node: ast.expr) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return float(node.value)
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        if isinstance(node, ast.BinOp):
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Div) and right == 0:
+                return math.nan
+            return _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp):
+            return _UNARY[type(node.op)](ev(node.operand))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            return float(FORMULA_FUNCTIONS[node.func.id](*[ev(arg) for arg in node.args]))
+        raise AssertionError(f"unchecked formula node {type(node).__name__}")
+
+    return ev(tree.body)
+
+
+class MultiGrader:
+    """Combine sub-graders with a formula over their names.
+
+    >>> a = StringCheck("a", "like", "{{sample.output_text}}", "Lima")
+    >>> b = TextSimilarity("b", "fuzzy_match", "{{sample.output_text}}", "Lima")
+    >>> multi = MultiGrader("m", {"a": a, "b": b}, "0.5 * a + 0.5 * b")
+    >>> multi(["q", "q"], ["Lima", "Lime"])
+    [1.0, 0.375]
+    """
+
+    def __init__(
+        self, name: str, graders: Mapping[str, RewardFunc], formula: str, param: str = "grader"
+    ) -> None:
+        self.__name__ = name
+        self.graders = dict(graders)
+        self.tree = parse_formula(formula, list(graders), param=f"{param}.calculate_output")
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
+        scores = {name: g(prompts, completions, **columns) for name, g in self.graders.items()}
+        return [
+            eval_formula(self.tree, {name: s[i] for name, s in scores.items()})
+            for i in range(len(completions))
+        ]
+
+
+# -- python ---------------------------------------------------------------------------------------------
+# Runs in the child (`python -I`): limits first, then the tenant code; the child's stdout carries only the
+# result (the tenant's prints go to stderr).
+_RUNNER = r"""
+import json, math, os, resource, sys
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+out = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+def reply(payload):
+    out.write(json.dumps(payload)); out.flush(); os._exit(0)
+payload = json.loads(sys.stdin.read())
+try:
+    scope = {"__name__": "grader"}
+    exec(compile(payload["source"], "<grader>", "exec"), scope)
+    grade = scope["grade"]
+    scores = []
+    for i, (sample, item) in enumerate(zip(payload["samples"], payload["items"])):
+        value = grade(sample, item)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            reply({"error": f"grade() returned {value!r} for sample {i}; expected a finite number"})
+        scores.append(float(value))
+except MemoryError:
+    reply({"error": "ran out of memory (limit %d MiB)" % (limit >> 20)})
+except BaseException as exc:
+    reply({"error": f"{type(exc).__name__}: {exc}"})
+reply({"scores": scores})
+"""
+
+
+class PythonGrader:
+    """Tenant code ``def grade(sample, item) -> float`` run in one isolated child process per batch.
+
+    ``sample`` is ``{"output_text": completion}``, ``item`` the row's columns. The child runs under
+    ``python -I`` in an empty folder with an empty environment and ``RLIMIT_AS`` of ``memory_mb``; it is
+    killed after ``timeout`` seconds. Any failure raises ``GraderError``, which fails the job.
+
+    >>> grader = PythonGrader("length", "def grade(sample, item):\\n    return len(sample['output_text'])")
+    >>> grader(["q", "q"], ["ab", "abcd"], answer=["x", "y"])
+    [2.0, 4.0]
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: str,
+        *,
+        timeout: float = 30.0,
+        memory_mb: int = 1024,
+        param: str = "grader",
+    ) -> None:
+        self.__name__ = name
+        self.source, self.timeout, self.memory_mb, self.param = source, timeout, memory_mb, param
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
+        payload = {
+            "source": self.source,
+            "samples": [{"output_text": c} for c in completions],
+            "items": _items(len(completions), columns),
+        }
+        command = [sys.executable, "-I", "-c", _RUNNER, str(self.memory_mb << 20)]
+        with tempfile.TemporaryDirectory(prefix="grader-") as cwd:
+            try:
+                proc = subprocess.run(
+                    command,
+                    input=json.dumps(payload, default=str),
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout,
+                    cwd=cwd,
+                    env={},
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise GraderError(
+                    f"python grader {self.__name__!r} timed out after {self.timeout:g} s "
+                    f"({len(completions)} samples)",
+                    self.param,
+                ) from exc
+        try:
+            result = json.loads(proc.stdout) if proc.stdout else None
+        except json.JSONDecodeError:
+            result = None
+        if not isinstance(result, dict):
+            detail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+            raise GraderError(f"python grader {self.__name__!r} crashed: {detail[0]}", self.param)
+        if "error" in result:
+            raise GraderError(f"python grader {self.__name__!r} failed: {result['error']}", self.param)
+        scores = result["scores"]
+        assert isinstance(scores, list) and len(scores) == len(completions)
+        return [float(s) for s in scores]
+
+
+# -- specs ----------------------------------------------------------------------------------------------
+def validate_grader(spec: Any, *, param: str = "grader", allow_python: bool = True) -> None:
+    """Raise ``GraderError(message, param)`` if ``spec`` is not a well-formed grader; run nothing.
+
+    >>> validate_grader({"type": "string_check", "name": "x", "operation": "eq",
+    ...                  "input": "{{sample.output_text}}", "reference": "a"})
+    >>> validate_grader({"type": "multi", "graders": {"a": {"type": "string_check", "name": "a",
+    ...     "operation": "equals", "input": "{{sample.output_text}}", "reference": "a"}},
+    ...     "calculate_output": "a"})
+    Traceback (most recent call last):
+    ...
+    trainers.rewards.GraderError: operation must be one of eq, ne, like, ilike, not 'equals'
+    """
+    if not isinstance(spec, Mapping):
+        raise GraderError("a grader must be an object", param)
+    kind = spec.get("type")
+    if kind not in GRADER_TYPES:
+        raise GraderError(f"type must be one of {', '.join(GRADER_TYPES)}, not {kind!r}", f"{param}.type")
+    if kind != "multi":
+        _require(spec, "name", param)
+    if kind in ("string_check", "text_similarity"):
+        for key in ("input", "reference"):
+            value = _require(spec, key, param)
+            for match in _TEMPLATE.finditer(value):
+                if match.group(1) == "sample" and match.group(2) != "output_text":
+                    raise GraderError(f"unknown template variable sample.{match.group(2)}", f"{param}.{key}")
+    if kind == "string_check" and spec.get("operation") not in STRING_OPERATIONS:
+        raise GraderError(
+            f"operation must be one of {', '.join(STRING_OPERATIONS)}, not {spec.get('operation')!r}",
+            f"{param}.operation",
+        )
+    if kind == "text_similarity" and spec.get("evaluation_metric") not in SIMILARITY_METRICS:
+        raise GraderError(
+            f"evaluation_metric must be one of {', '.join(SIMILARITY_METRICS)}, "
+            f"not {spec.get('evaluation_metric')!r}",
+            f"{param}.evaluation_metric",
+        )
+    if kind == "score_model":
+        _require(spec, "model", param)
+    if kind == "python":
+        if not allow_python:
+            raise GraderError(
+                "python graders are disabled on this server; the operator must enable them", f"{param}.type"
+            )
+        _check_python_source(_require(spec, "source", param), f"{param}.source")
+    if kind == "multi":
+        graders = spec.get("graders")
+        if not isinstance(graders, Mapping) or not graders:
+            raise GraderError("graders must be a non-empty object of named graders", f"{param}.graders")
+        for name, sub in graders.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise GraderError(f"grader name {name!r} must be an identifier", f"{param}.graders")
+            validate_grader(sub, param=f"{param}.graders.{name}", allow_python=allow_python)
+        formula = _require(spec, "calculate_output", param)
+        parse_formula(formula, list(graders), param=f"{param}.calculate_output")
+
+
+def build_grader(
+    spec: Mapping[str, Any],
+    *,
+    allow_python: bool = False,
+    python_timeout: float = 30.0,
+    python_memory_mb: int = 1024,
+    param: str = "grader",
+) -> RewardFunc:
+    """The reward function a grader spec describes (validated first).
+
+    >>> g = build_grader({"type": "string_check", "name": "exact", "operation": "eq",
+    ...                   "input": "{{sample.output_text}}", "reference": "{{item.answer}}"})
+    >>> g(["q", "q"], ["Lima", "lima"], answer=["Lima", "Lima"]), g.__name__
+    ([1.0, 0.0], 'exact')
+    """
+    validate_grader(spec, param=param, allow_python=allow_python)
+    kind = spec["type"]
+    name = str(spec.get("name", kind))
+    if kind == "string_check":
+        return StringCheck(name, spec["operation"], spec["input"], spec["reference"], param)
+    if kind == "text_similarity":
+        return TextSimilarity(name, spec["evaluation_metric"], spec["input"], spec["reference"], param)
+    if kind == "score_model":
+        return ScoreModel(name, spec["model"], param=param)
+    if kind == "python":
+        return PythonGrader(
+            name, spec["source"], timeout=python_timeout, memory_mb=python_memory_mb, param=param
+        )
+    graders = {
+        sub: build_grader(
+            s,
+            allow_python=allow_python,
+            python_timeout=python_timeout,
+            python_memory_mb=python_memory_mb,
+            param=f"{param}.graders.{sub}",
+        )
+        for sub, s in spec["graders"].items()
+    }
+    return MultiGrader(name, graders, spec["calculate_output"], param)
+
+
+def _require(spec: Mapping[str, Any], key: str, param: str) -> str:
+    value = spec.get(key)
+    if not isinstance(value, str) or not value:
+        raise GraderError(f"{key} must be a non-empty string", f"{param}.{key}")
+    return value
+
+
+def _check_python_source(source: str, param: str) -> None:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise GraderError(f"source does not compile: {exc.msg} (line {exc.lineno})", param) from exc
+    if not any(isinstance(node, ast.FunctionDef) and node.name == "grade" for node in tree.body):
+        raise GraderError("source must define a top-level function grade(sample, item)", param)
