@@ -1,0 +1,262 @@
+"""Rollouts for online RL (GRPO, PPO): prompts from RL rows, batched sampling, per-token log-probs.
+
+RL rows are ``{"messages": [...]}`` (rendered with the chat template and its generation prompt) or
+``{"prompt": str}``; every other field is a column handed to the reward functions. ``generate_rollout``
+samples ``num_generations`` completions per prompt in one ``model.generate`` call (KV cache, prompts
+left-padded, stop at EOS), seeded so that a resumed run draws the same completions. A completion's mask
+covers its tokens up to and including EOS; a completion without EOS is ``truncated``.
+
+``completion_logps`` gives log p(o_t | q, o_<t) of each completion token under a model, with logits
+divided by the sampling temperature, as the policy-gradient losses need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jinja2 import TemplateError
+from peft import PeftModel
+from transformers import PreTrainedTokenizerBase
+
+from trainers.data import _bos_text
+from trainers.errors import DataError
+
+
+@dataclass(frozen=True)
+class RLPrompt:
+    """One RL row, ready to sample from."""
+
+    text: str  # the prompt as the model sees it (chat template applied), given to reward functions
+    input_ids: list[int]
+    columns: dict[str, Any] = field(default_factory=dict)  # the row's other fields
+
+
+def tokenize_rl_rows(
+    rows: Sequence[Mapping[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_prompt_length: int,
+    param: str = "training_file",
+) -> list[RLPrompt]:
+    """Render and tokenize prompts; longer prompts keep their last ``max_prompt_length`` tokens."""
+    if not rows:
+        raise DataError("the file has no examples", param=param)
+    bos = _bos_text(tokenizer)
+    prompts = []
+    for line, row in enumerate(rows, start=1):
+        if not isinstance(row, Mapping):
+            raise DataError(f"line {line}: expected an object", param=param)
+        if "messages" in row:
+            messages = row["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise DataError(f'line {line}: "messages" must be a non-empty list', param=param)
+            try:
+                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            except (TypeError, KeyError, TemplateError) as exc:
+                raise DataError(f"line {line}: malformed messages ({exc})", param=param) from exc
+            assert isinstance(text, str)
+            columns = {k: v for k, v in row.items() if k != "messages"}
+        elif isinstance(row.get("prompt"), str):
+            text = bos + row["prompt"]
+            columns = {k: v for k, v in row.items() if k != "prompt"}
+        else:
+            raise DataError(f'line {line}: expected {{"messages": [...]}} or {{"prompt": str}}', param=param)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][-max_prompt_length:]
+        if not ids:
+            raise DataError(f"line {line}: the prompt is empty", param=param)
+        prompts.append(RLPrompt(str(tokenizer.decode(ids)), list(ids), columns))
+    return prompts
+
+
+@dataclass
+class Rollout:
+    """``N = len(prompts) * num_generations`` sampled completions, each prompt's G completions adjacent.
+
+    prompt_ids, prompt_mask: [N, P], left-padded. completion_ids, completion_mask: [N, C], right-padded;
+    the mask covers tokens up to and including EOS. truncated: [N] bool, no EOS within the budget.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    truncated: torch.Tensor
+    prompts: list[str]  # one per completion
+    completions: list[str]  # decoded without special tokens
+    columns: dict[str, list[Any]]  # one entry per completion
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(list(seq), dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    return ids, mask
+
+
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask [N, C] of tokens up to and including the first EOS, truncated [N] where there is none).
+
+    >>> completion_mask_from_eos(torch.tensor([[5, 2, 0], [5, 6, 7]]), eos_id=2)
+    (tensor([[1, 1, 0],
+            [1, 1, 1]]), tensor([False,  True]))
+    """
+    is_eos = completion_ids == eos_id
+    has_eos = is_eos.any(dim=1)
+    first = torch.where(has_eos, is_eos.int().argmax(dim=1), completion_ids.size(1))
+    positions = torch.arange(completion_ids.size(1), device=completion_ids.device)
+    mask = (positions.unsqueeze(0) <= first.unsqueeze(1)).long()
+    return mask, ~has_eos
+
+
+@torch.no_grad()
+def generate_rollout(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[RLPrompt],
+    *,
+    num_generations: int,
+    max_completion_length: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int,
+) -> Rollout:
+    """Sample ``num_generations`` completions per prompt with the KV cache, seeded by ``seed``.
+
+    The model is put in eval mode for sampling (no dropout) and restored to its mode afterwards. The
+    global RNG is left as it was: sampling draws from a generator forked and seeded with ``seed``.
+    """
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert isinstance(eos_id, int) and isinstance(pad_id, int)
+    device = next(model.parameters()).device
+    repeated = [p for p in prompts for _ in range(num_generations)]
+    prompt_ids, prompt_mask = left_pad([p.input_ids for p in repeated], pad_id)
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    was_training = model.training
+    model.eval()
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            generate: Any = model.generate  # transformers types generate() loosely
+            output = generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                do_sample=True,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=0,
+                max_new_tokens=max_completion_length,
+                eos_token_id=eos_id,
+                pad_token_id=pad_id,
+                use_cache=True,
+            )
+    finally:
+        model.train(was_training)
+    completion_ids = output[:, prompt_ids.size(1) :]
+    mask, truncated = completion_mask_from_eos(completion_ids, eos_id)
+    completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    keys = {k for p in prompts for k in p.columns}
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        truncated=truncated,
+        prompts=[p.text for p in repeated],
+        completions=[str(t) for t in texts],
+        columns={k: [p.columns.get(k) for p in repeated] for k in sorted(keys)},
+    )
+
+
+def forward_completion(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    output_hidden_states: bool = False,
+) -> Any:
+    """Forward pass over prompt + completion; position ids count real tokens only, as in generation."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=completion_ids.size(1) + 1,
+        output_hidden_states=output_hidden_states,
+    )
+
+
+def token_logps(
+    logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs [N, C] of ``completion_ids`` and entropies [N, C] (no grad) from ``logits``
+    [N, C + 1, V] (the last C + 1 positions of prompt + completion), divided by ``temperature``."""
+    logits = logits[:, :-1, :].float() / temperature
+    log_probs = F.log_softmax(logits, dim=-1)
+    logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+    return logps, entropy
+
+
+def completion_logps(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(o_t | q, o_<t) [N, C] of each completion token under ``model``, and the entropies [N, C]."""
+    out = forward_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return token_logps(out.logits, completion_ids, temperature)
+
+
+def load_frozen_reference(model_path: str, device: torch.device) -> torch.nn.Module:
+    """A frozen copy of the base model: the KL reference of full fine-tuning (LoRA needs none)."""
+    from transformers import AutoModelForCausalLM
+
+    reference: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    reference.eval().requires_grad_(False)
+    return reference.to(device)
+
+
+@torch.no_grad()
+def reference_logps(
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Token log-probs [N, C] under the reference: ``reference`` if given (full fine-tuning), else the
+    LoRA ``model`` with its adapter disabled, so that LoRA runs hold one copy of the base weights."""
+    args = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    if reference is not None:
+        return completion_logps(reference, *args, temperature=temperature)[0]
+    if not isinstance(model, PeftModel):
+        raise ValueError("a reference model is needed to compute a KL to the base without LoRA")
+    with model.disable_adapter():
+        return completion_logps(model, *args, temperature=temperature)[0]
