@@ -1,0 +1,310 @@
+"""GRPO: loss and advantages equal TRL's; rollouts; learning; one base copy with LoRA; resume; cancel."""
+
+from __future__ import annotations
+
+import gc
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from trl.trainer.grpo_trainer import GRPOTrainer
+from trl.trainer.utils import nanstd as trl_nanstd
+
+from tests.trainers.helpers import Recorder
+from trainers.grpo import GRPOConfig, group_advantages, grpo_loss, train_grpo
+from trainers.loop import StopRequest
+from trainers.rewards import build_grader
+from trainers.rollout import completion_logps, generate_rollout, tokenize_rl_rows
+
+PROMPTS = ["The capital of Peru is", "Hello", "What is two plus two?", "Name a color:"]
+ROWS = [{"prompt": p, "answer": "e"} for p in PROMPTS] * 4
+# About half of the tiny model's 4-token samples contain an "e": a reachable, verifiable target.
+HAS_E = build_grader(
+    {
+        "type": "string_check",
+        "name": "has_e",
+        "operation": "like",
+        "input": "{{sample.output_text}}",
+        "reference": "{{item.answer}}",
+    }
+)
+RL_KEYS = {
+    "reward",
+    "reward_std",
+    "rewards/has_e/mean",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "clip_ratio",
+    "entropy",
+}
+
+
+@pytest.fixture
+def grpo_config(tiny_model_path: Path, tmp_path: Path) -> Callable[..., GRPOConfig]:
+    def make(**overrides: Any) -> GRPOConfig:
+        fields: dict[str, Any] = {
+            "model_path": str(tiny_model_path),
+            "output_dir": str(tmp_path / "out"),
+            "batch_size": 4,
+            "num_generations": 4,
+            "max_completion_length": 4,
+            "lr_scheduler": "constant",
+        }
+        return GRPOConfig(**(fields | overrides))
+
+    return make
+
+
+# -- exactness against TRL 1.16 -----------------------------------------------------------------------------
+def trl_advantages(rewards: torch.Tensor, num_generations: int, scale: str) -> torch.Tensor:
+    """trl/trainer/grpo_trainer.py (1.16) lines 2765-2787 and 2810, the sum_then_normalize path after the
+    weighted sum; that code is inline in `_generate_and_score_completions`, so it is copied here verbatim
+    except for `self.` and the device."""
+    mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+    mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+    if scale in ["group", "none"]:
+        std_rewards = trl_nanstd(rewards.view(-1, num_generations), dim=1)
+        std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
+    else:
+        std_rewards = trl_nanstd(rewards).expand_as(rewards)
+    advantages = rewards - mean_grouped_rewards
+    if scale != "none":
+        advantages = advantages / (std_rewards + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_group_advantages_equal_trl(scale: str) -> None:
+    torch.manual_seed(0)
+    rewards = torch.randn(24)
+    rewards[4:8] = 1.0  # a group with zero std
+    rewards[9] = float("nan")  # unscored completion
+    ours = group_advantages(rewards, 4, scale)
+    assert torch.allclose(ours, trl_advantages(rewards, 4, scale), atol=1e-6)
+    assert torch.all(ours[4:8] == 0) and ours[9] == 0
+
+
+class _Accelerator:
+    num_processes = 1
+
+    def reduce(self, t: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        return t
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    gather_for_metrics = gather
+
+
+def trl_loss(
+    logps: torch.Tensor,
+    old: torch.Tensor,
+    ref: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str,
+    beta: float,
+    epsilon: float,
+    epsilon_high: float,
+    max_len: int,
+) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """TRL's own `GRPOTrainer._compute_loss`, called on a stand-in `self` whose model forward returns our
+    log-probs (token-level importance sampling, no vLLM, no entropy mask, one process, no accumulation)."""
+    metrics: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    stub = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        beta=beta,
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        loss_type=loss_type,
+        epsilon_low=epsilon,
+        epsilon_high=epsilon_high,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=max_len,
+        accelerator=_Accelerator(),
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        _metrics=metrics,
+    )
+    b, t = logps.shape
+    inputs = {
+        "prompt_ids": torch.zeros(b, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(b, t, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum(),
+    }
+    loss = GRPOTrainer._compute_loss(stub, None, inputs)  # type: ignore[arg-type]
+    return loss, metrics["train"]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize(("beta", "epsilon_high"), [(0.0, 0.2), (0.04, 0.28)])
+def test_grpo_loss_equals_trl(loss_type: str, beta: float, epsilon_high: float) -> None:
+    torch.manual_seed(1)
+    b, t = 6, 7
+    logps = (torch.randn(b, t) - 2).requires_grad_()
+    old = logps.detach() + 0.3 * torch.randn(b, t)  # ratios well outside the clip range
+    ref = logps.detach() + 0.5 * torch.randn(b, t)
+    adv = torch.randn(b)
+    mask = (torch.arange(t) < torch.tensor([7, 5, 1, 3, 7, 2]).unsqueeze(1)).long()
+    kw: dict[str, Any] = {"beta": beta, "epsilon": 0.2, "epsilon_high": epsilon_high}
+    ours, metrics = grpo_loss(logps, old, ref, adv, mask, loss_type=loss_type, max_completion_length=10, **kw)
+    theirs, trl_metrics = trl_loss(logps, old, ref, adv, mask, loss_type=loss_type, max_len=10, **kw)
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-5)
+    grad_ours = torch.autograd.grad(ours, logps)[0]
+    grad_theirs = torch.autograd.grad(theirs, logps)[0]
+    assert torch.allclose(grad_ours, grad_theirs, atol=1e-6)
+    assert metrics["clip_ratio"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
+    assert metrics["clip_ratio"] > 0
+    if beta:
+        assert metrics["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+
+
+# -- rollouts -----------------------------------------------------------------------------------------------
+def test_rollout_masks_truncation_seeding_and_columns(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    rows = [
+        {"messages": [{"role": "user", "content": "Capital of Peru?"}], "answer": "Lima"},
+        {"prompt": "Hi"},
+    ]
+    prompts = tokenize_rl_rows(rows, tokenizer, max_prompt_length=64)
+    assert prompts[0].text.endswith("<|assistant|>\n") and prompts[1].text == "<|begin|>Hi"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    # Make EOS likely so that some completions stop early.
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] = model.lm_head.weight[tokenizer.eos_token_id] + 0.8
+    kw: dict[str, Any] = {"num_generations": 8, "max_completion_length": 12, "seed": 3}
+    rollout = generate_rollout(model, tokenizer, prompts, **kw)
+    again = generate_rollout(model, tokenizer, prompts, **kw)
+    assert torch.equal(rollout.completion_ids, again.completion_ids)
+    other = generate_rollout(model, tokenizer, prompts, **(kw | {"seed": 4}))
+    assert not torch.equal(rollout.completion_ids, other.completion_ids)
+    assert rollout.columns == {"answer": ["Lima"] * 8 + [None] * 8}
+    assert rollout.prompts == [prompts[0].text] * 8 + [prompts[1].text] * 8
+    eos = tokenizer.eos_token_id
+    stopped = 0
+    for ids, mask, truncated in zip(
+        rollout.completion_ids, rollout.completion_mask, rollout.truncated, strict=True
+    ):
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any()
+        assert bool(truncated) == (eos not in ids[:n].tolist())
+        if not truncated:
+            stopped += 1
+            assert ids[n - 1] == eos and eos not in ids[: n - 1].tolist()
+    assert 0 < stopped < 16
+    assert rollout.completions[0] == tokenizer.decode(rollout.completion_ids[0], skip_special_tokens=True)
+    # Log-probs of a left-padded batch equal those of each sequence alone.
+    logps, _ = completion_logps(
+        model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask
+    )
+    i = 8  # the shorter prompt: left-padded
+    n = int(rollout.completion_mask[i].sum())
+    ids = torch.tensor([prompts[1].input_ids + rollout.completion_ids[i, :n].tolist()])
+    p = len(prompts[1].input_ids)
+    with torch.no_grad():
+        alone = model(input_ids=ids).logits[0].log_softmax(-1)[p - 1 : p - 1 + n].gather(-1, ids[0, p:, None])
+    assert torch.allclose(logps[i, :n], alone.squeeze(-1), atol=1e-5)
+
+
+# -- training -----------------------------------------------------------------------------------------------
+def test_grpo_reward_rises(grpo_config: Callable[..., GRPOConfig]) -> None:
+    rec = Recorder()
+    config = grpo_config(use_lora=False, learning_rate=1e-2, max_steps=16, n_epochs=4)
+    result = train_grpo(config, ROWS, [HAS_E], rec)
+    rewards = [r["reward"] for r in rec.steps]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.25, rewards
+    assert rewards[-1] >= 0.9
+    assert all(set(r) >= RL_KEYS for r in rec.steps)
+    assert rec.steps[0]["completions/max_length"] == 4.0
+    assert result.final_checkpoint is not None and result.final_checkpoint.final
+    model = AutoModelForCausalLM.from_pretrained(result.final_checkpoint.path / "model")
+    assert model.config.architectures == ["LlamaForCausalLM"]
+
+
+def _base_weight_copies(vocab_rows: int) -> int:
+    """Distinct storages of [vocab, hidden] tensors alive: the embedding and LM head of each model copy."""
+    ptrs = {
+        obj.untyped_storage().data_ptr()
+        for obj in gc.get_objects()
+        # type(), not isinstance(): isinstance reads __class__, which warns on some torch proxies
+        if issubclass(type(obj), torch.Tensor) and obj.dim() == 2 and obj.shape == (vocab_rows, 64)
+    }
+    return len(ptrs)
+
+
+class CopyCounter(Recorder):
+    def __init__(self, vocab_rows: int) -> None:
+        super().__init__()
+        self.vocab_rows, self.copies = vocab_rows, 0
+
+    def on_step(self, row: dict[str, float]) -> None:
+        super().on_step(row)
+        self.copies = max(self.copies, _base_weight_copies(self.vocab_rows))
+
+
+@pytest.mark.parametrize(("use_lora", "copies"), [(True, 2), (False, 8)], ids=["lora", "full"])
+def test_kl_reference_holds_one_base_copy_with_lora(
+    grpo_config: Callable[..., GRPOConfig], tokenizer: PreTrainedTokenizerBase, use_lora: bool, copies: int
+) -> None:
+    rec = CopyCounter(len(tokenizer))
+    config = grpo_config(use_lora=use_lora, beta=0.1, learning_rate=1e-2, max_steps=3)
+    train_grpo(config, ROWS, [HAS_E], rec)
+    # The tiny Llama's embedding and LM head are untied: two [vocab, hidden] tensors per copy. LoRA: the
+    # base alone. Full training: the policy, AdamW's two moments of each, and the frozen reference.
+    assert rec.copies == copies
+    assert rec.steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    assert rec.steps[-1]["kl"] > 0.0
+
+
+RESUME: dict[str, Any] = {
+    "max_steps": 6,
+    "save_steps": 3,
+    "num_iterations": 2,  # step 3 is mid-rollout: the checkpoint carries the rollout in use
+    "beta": 0.05,
+    "lora_dropout": 0.1,
+    "learning_rate": 2e-2,
+    "warmup_ratio": 0.2,
+    "lr_scheduler": "cosine",
+    "loss_type": "dapo",
+    "epsilon_high": 0.28,
+    "seed": 5,
+}
+
+
+def test_resume_repeats_the_uninterrupted_run(grpo_config: Callable[..., GRPOConfig], tmp_path: Path) -> None:
+    full = Recorder()
+    train_grpo(grpo_config(**RESUME, output_dir=str(tmp_path / "a")), ROWS, [HAS_E], full)
+    assert [(c.step, c.final) for c in full.checkpoints] == [(3, False), (6, True)]
+    resumed = Recorder()
+    config = grpo_config(**RESUME, output_dir=str(tmp_path / "b"), resume_from=str(full.checkpoints[0].path))
+    train_grpo(config, ROWS, [HAS_E], resumed)
+    assert [int(r["step"]) for r in resumed.steps] == [4, 5, 6]
+    for ours, theirs in zip(resumed.steps, full.steps[3:], strict=True):
+        for key in ("loss", "reward", "kl", "clip_ratio", "grad_norm", "learning_rate", "epoch"):
+            assert ours[key] == pytest.approx(theirs[key], abs=1e-6), key
+    assert full.steps[2]["reward"] == full.steps[3]["reward"]  # steps 3 and 4 share a rollout
+
+
+def test_cancel_stops_without_a_checkpoint(grpo_config: Callable[..., GRPOConfig]) -> None:
+    rec = Recorder(stop_after={2: StopRequest.CANCEL})
+    result = train_grpo(grpo_config(max_steps=10, save_steps=5), ROWS, [HAS_E], rec)
+    assert result.stopped is StopRequest.CANCEL and result.steps == 2
+    assert result.final_checkpoint is None and rec.checkpoints == []
