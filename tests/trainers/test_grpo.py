@@ -149,7 +149,7 @@ def trl_loss(
         "ref_per_token_logps": ref,
         "num_items_in_batch": mask.sum(),
     }
-    loss = GRPOTrainer._compute_loss(stub, None, inputs)  # type: ignore[arg-type]
+    loss = GRPOTrainer._compute_loss(stub, None, inputs)  # type: ignore[arg-type,no-untyped-call]
     return loss, metrics["train"]
 
 
