@@ -180,7 +180,7 @@ def test_grpo_loss_equals_trl(loss_type: str, beta: float, epsilon_high: float) 
 def test_rollout_masks_truncation_seeding_and_columns(
     tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"messages": [{"role": "user", "content": "Capital of Peru?"}], "answer": "Lima"},
         {"prompt": "Hi"},
     ]
