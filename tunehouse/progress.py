@@ -58,6 +58,9 @@ class ProgressPrinter:
         self.out.flush()
 
     def _metric(self, row: MetricRow) -> None:
+        total = row.value("total_steps")
+        if total:
+            self.total = int(total)
         now = time.monotonic()
         if self.first is None:
             self.first = (now, row.step)

@@ -201,8 +201,8 @@ class JobReporter:
         """Live path: each row goes to Redis at once (the DB gets it at the next flush)."""
         if self.publisher is None:
             return
-        values = {k: v for k, v in row.items() if k != "total_steps"}
-        message = json.dumps({**values, "step": int(row["step"]), "logged_at": time.time()})
+        # total_steps rides along so a live client can draw progress before it has read any event
+        message = json.dumps({**row, "step": int(row["step"]), "logged_at": time.time()})
         try:
             self.publisher.publish(channel(self.job_id), message)
         except Exception:  # a live stream is best effort; the DB row is the record
