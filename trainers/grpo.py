@@ -48,6 +48,7 @@ from trainers.rollout import (
     load_frozen_reference,
     reference_logps,
     tokenize_rl_rows,
+    trim_left_padding,
 )
 from trainers.schedule import SCHEDULES
 
@@ -430,7 +431,7 @@ class GRPORollouts:
         batches = []
         for start, size, n_units in zip(_starts(sizes), sizes, units, strict=True):
             rows = slice(start, start + size)
-            prompt_ids, prompt_mask = _trim_left(rollout.prompt_ids[rows], rollout.prompt_mask[rows])
+            prompt_ids, prompt_mask = trim_left_padding(rollout.prompt_ids[rows], rollout.prompt_mask[rows])
             width = max(1, int(rollout.completion_mask[rows].sum(dim=1).max()))
             completion_ids = rollout.completion_ids[rows, :width]
             completion_mask = loss_mask[rows, :width]
@@ -506,12 +507,6 @@ class GRPORollouts:
 
 def _starts(sizes: Sequence[int]) -> list[int]:
     return [sum(sizes[:i]) for i in range(len(sizes))]
-
-
-def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop the leading columns that are padding in every row (prompts are left-padded)."""
-    keep = int(mask.sum(dim=1).max())
-    return ids[:, ids.size(1) - keep :], mask[:, mask.size(1) - keep :]
 
 
 # -- entry point ----------------------------------------------------------------------------------------

@@ -105,6 +105,12 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
     return ids, mask
 
 
+def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the leading columns that are padding in every row of a left-padded batch."""
+    keep = int(mask.sum(dim=1).max())
+    return ids[:, ids.size(1) - keep :], mask[:, mask.size(1) - keep :]
+
+
 def completion_mask_from_eos(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(mask [N, C] of tokens up to and including the first EOS, truncated [N] where there is none).
 

@@ -1,0 +1,195 @@
+"""PPO: GAE, whitening and the clipped losses equal the paper equations; learning; one base copy with
+LoRA and a policy-only export; exact resume mid-rollout; cancel; a reward model as the score."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from tests.trainers.helpers import Recorder
+from tests.trainers.test_grpo import HAS_E, ROWS, CopyCounter
+from trainers.loop import StopRequest
+from trainers.ppo import PPOConfig, gae, masked_whiten, ppo_loss, train_ppo
+
+PPO_KEYS = {"policy_loss", "value_loss", "approx_kl", "clip_fraction", "entropy", "kl", "score", "returns"}
+
+
+@pytest.fixture
+def ppo_config(tiny_model_path: Path, tmp_path: Path) -> Callable[..., PPOConfig]:
+    def make(**overrides: Any) -> PPOConfig:
+        fields: dict[str, Any] = {
+            "model_path": str(tiny_model_path),
+            "output_dir": str(tmp_path / "out"),
+            "batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "num_ppo_epochs": 2,
+            "num_mini_batches": 2,
+            "max_completion_length": 4,
+            "lr_scheduler": "constant",
+        }
+        return PPOConfig(**(fields | overrides))
+
+    return make
+
+
+# -- the equations ------------------------------------------------------------------------------------------
+LENGTHS = [5, 3, 1, 4]
+
+
+def _mask() -> torch.Tensor:
+    return (torch.arange(5) < torch.tensor(LENGTHS).unsqueeze(1)).float()
+
+
+def test_gae_equals_the_discounted_sum_of_td_errors() -> None:
+    torch.manual_seed(0)
+    rewards, values = torch.randn(4, 5), torch.randn(4, 5)
+    gamma, lam = 0.9, 0.8
+    adv, ret = gae(rewards, values, _mask(), gamma=gamma, lam=lam)
+    for b, n in enumerate(LENGTHS):
+        r, v = rewards[b, :n].tolist(), [*values[b, :n].tolist(), 0.0]  # V = 0 after the last token
+        delta = [r[t] + gamma * v[t + 1] - v[t] for t in range(n)]
+        for t in range(n):
+            expected = sum((gamma * lam) ** k * delta[t + k] for k in range(n - t))
+            assert adv[b, t].item() == pytest.approx(expected, abs=1e-5)
+            assert ret[b, t].item() == pytest.approx(expected + v[t], abs=1e-5)
+        assert not adv[b, n:].any() and not ret[b, n:].any()
+
+
+def test_whitening_uses_masked_mean_and_unbiased_std() -> None:
+    torch.manual_seed(1)
+    x, mask = torch.randn(4, 5) * 3 + 2, _mask()
+    out = masked_whiten(x, mask)
+    kept = x[mask.bool()].tolist()
+    mean = sum(kept) / len(kept)
+    std = (sum((k - mean) ** 2 for k in kept) / (len(kept) - 1)) ** 0.5
+    expected = torch.where(mask.bool(), (x - mean) / std, torch.zeros_like(x))
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_clipped_policy_and_value_losses_equal_the_paper() -> None:
+    torch.manual_seed(2)
+    shape = (4, 5)
+    logps = torch.randn(shape) - 2
+    old = logps + 0.4 * torch.randn(shape)
+    values, old_values, returns = torch.randn(shape), torch.randn(shape), torch.randn(shape)
+    adv, mask = torch.randn(shape), _mask()
+    eps, eps_v, vf_coef = 0.2, 0.3, 0.1
+    loss, m = ppo_loss(
+        logps,
+        old,
+        values,
+        old_values,
+        adv,
+        returns,
+        mask,
+        cliprange=eps,
+        cliprange_value=eps_v,
+        vf_coef=vf_coef,
+    )
+    pol, val, kl, clipped, n = 0.0, 0.0, 0.0, 0, 0
+    for b, length in enumerate(LENGTHS):
+        for t in range(length):
+            ratio = float(torch.exp(logps[b, t] - old[b, t]))
+            a = float(adv[b, t])
+            # PPO eq. 7: L^CLIP = min(r A, clip(r, 1 - ε, 1 + ε) A); the loss is its negative.
+            surrogate = min(ratio * a, min(max(ratio, 1 - eps), 1 + eps) * a)
+            pol -= surrogate
+            clipped += surrogate != ratio * a
+            v, v_old, r = float(values[b, t]), float(old_values[b, t]), float(returns[b, t])
+            v_clip = v_old + min(max(v - v_old, -eps_v), eps_v)
+            val += 0.5 * max((v - r) ** 2, (v_clip - r) ** 2)
+            kl += 0.5 * float(logps[b, t] - old[b, t]) ** 2
+            n += 1
+    assert loss.item() == pytest.approx((pol + vf_coef * val) / n, abs=1e-5)
+    assert m["policy_loss"] == pytest.approx(pol / n, abs=1e-5)
+    assert m["value_loss"] == pytest.approx(val / n, abs=1e-5)
+    assert m["approx_kl"] == pytest.approx(kl / n, abs=1e-6)
+    assert m["clip_fraction"] == pytest.approx(clipped / n, abs=1e-6) and 0 < clipped < n
+
+
+# -- training -----------------------------------------------------------------------------------------------
+def test_ppo_score_rises(ppo_config: Callable[..., PPOConfig]) -> None:
+    rec = Recorder()
+    result = train_ppo(
+        ppo_config(use_lora=False, learning_rate=1e-2, max_steps=32, n_epochs=8), ROWS, [HAS_E], rec
+    )
+    scores = [r["score"] for r in rec.steps[::4]]  # one rollout per 4 optimizer steps
+    assert sum(scores[-2:]) / 2 > sum(scores[:2]) / 2 + 0.3, scores
+    assert all(set(r) >= PPO_KEYS for r in rec.steps)
+    assert result.final_checkpoint is not None
+
+
+def test_lora_ppo_holds_one_base_copy_and_exports_the_policy_only(
+    ppo_config: Callable[..., PPOConfig], tokenizer: Any
+) -> None:
+    rec = CopyCounter(len(tokenizer))
+    config = ppo_config(learning_rate=1e-2, max_steps=5, n_epochs=2, save_steps=2)
+    result = train_ppo(config, ROWS, [HAS_E], rec)  # step 5 samples the second rollout
+    assert rec.copies == 2  # embedding + LM head of the one base; the reference is the adapter disabled
+    assert rec.steps[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rec.steps[-1]["kl"] != 0.0
+    mid = rec.checkpoints[0].path
+    assert "value_head" not in json.dumps(list(load_file(mid / "model" / "adapter_model.safetensors")))
+    task = torch.load(mid / "state" / "task.pt", weights_only=True)
+    assert task["extra_trainable"]["weight"].shape == (1, 64)
+    assert result.final_checkpoint is not None
+    final = result.final_checkpoint.path / "model"
+    weights = load_file(final / "model.safetensors")
+    assert not any("value" in k or "lora" in k for k in weights)
+    assert isinstance(AutoModelForCausalLM.from_pretrained(final), torch.nn.Module)
+
+
+RESUME: dict[str, Any] = {
+    "max_steps": 6,
+    "n_epochs": 2,  # 16 rows make one rollout an epoch
+    "save_steps": 3,  # each rollout makes 4 steps: step 3 is mid-rollout
+    "lora_dropout": 0.1,
+    "learning_rate": 1e-2,
+    "warmup_ratio": 0.2,
+    "lr_scheduler": "cosine",
+    "seed": 3,
+}
+
+
+def test_resume_repeats_the_uninterrupted_run(ppo_config: Callable[..., PPOConfig], tmp_path: Path) -> None:
+    full = Recorder()
+    train_ppo(ppo_config(**RESUME, output_dir=str(tmp_path / "a")), ROWS, [HAS_E], full)
+    resumed = Recorder()
+    config = ppo_config(**RESUME, output_dir=str(tmp_path / "b"), resume_from=str(full.checkpoints[0].path))
+    train_ppo(config, ROWS, [HAS_E], resumed)
+    assert [int(r["step"]) for r in resumed.steps] == [4, 5, 6]
+    for ours, theirs in zip(resumed.steps, full.steps[3:], strict=True):
+        for key in (
+            "loss",
+            "policy_loss",
+            "value_loss",
+            "score",
+            "kl",
+            "grad_norm",
+            "learning_rate",
+            "epoch",
+        ):
+            assert ours[key] == pytest.approx(theirs[key], abs=1e-6), key
+
+
+def test_cancel_and_a_reward_model_score(
+    ppo_config: Callable[..., PPOConfig], tiny_model_path: Path, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1).save_pretrained(
+        tmp_path / "rm"
+    )
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(tmp_path / "rm")
+    rec = Recorder(stop_after={2: StopRequest.CANCEL})
+    result = train_ppo(
+        ppo_config(max_steps=8, save_steps=4), ROWS, callbacks=rec, reward_model_path=str(tmp_path / "rm")
+    )
+    assert result.stopped is StopRequest.CANCEL and result.steps == 2
+    assert result.final_checkpoint is None and rec.checkpoints == []
+    assert rec.steps[0]["score"] == rec.steps[0]["rewards/reward_model/mean"] != 0.0

@@ -1,0 +1,566 @@
+"""Proximal Policy Optimization for language models (Schulman et al. 2017; Ouyang et al. 2022, eq. 2):
+maximise the reward of sampled completions minus a per-token KL penalty to the reference,
+
+    r_t = -kl_coef · (log π_old(o_t) - log π_ref(o_t)) + [t = last] · score(q, o)
+
+with the clipped surrogate (PPO eq. 7), a clipped value loss, and GAE advantages (Schulman et al. 2016,
+eq. 16) whitened per rollout. Each optimizer step of the shared loop (``trainers.loop``) samples one
+completion per prompt for ``batch_size * gradient_accumulation_steps`` prompts; that rollout is then
+trained on for ``num_ppo_epochs`` passes over ``num_mini_batches`` shuffled mini-batches, one optimizer
+step each. The score comes from ``reward_funcs`` (graders; a reward model is the ``score_model`` grader).
+
+Policy and value: the value head is a separate ``Linear(hidden, 1)`` on the policy's last hidden state
+(the trunk is shared: one forward pass gives both log-probs and values). With LoRA this keeps a single
+copy of the base weights in memory (the reference is the same model with the adapter disabled), which is
+the point; the trade-off is that the value loss also moves the shared adapter (scaled by ``vf_coef``),
+so policy and critic compete for the trunk, and the critic starts from scratch instead of from a reward
+model as in InstructGPT's separate value network. The head is trained with the policy by the same
+optimizer and checkpointed for resume; the exported model is the policy alone (LoRA merged, no head).
+
+    python -c "
+    from trainers.ppo import PPOConfig, train_ppo; from trainers.rewards import build_grader
+    from trainers.tiny_model import build_tiny_model
+    rows = [{'prompt': 'The capital of Peru is'}] * 16
+    grader = build_grader({'type': 'string_check', 'name': 'e', 'operation': 'like',
+                           'input': '{{sample.output_text}}', 'reference': 'e'})
+    config = PPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/ppo-out', max_steps=8)
+    print(train_ppo(config, rows, [grader]))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from functools import partial
+from typing import Any, Self
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from trainers.callbacks import TrainingCallbacks, TrainResult
+from trainers.errors import DataError
+from trainers.loop import LossSums, PreparedStep, TrainingTask, run_training
+from trainers.modeling import PRECISIONS, load_model, load_tokenizer, pick_device
+from trainers.rewards import RewardFunc, ScoreModel, reward_name
+from trainers.rng import seed_everything
+from trainers.rollout import (
+    RLPrompt,
+    forward_completion,
+    generate_rollout,
+    load_frozen_reference,
+    reference_logps,
+    token_logps,
+    tokenize_rl_rows,
+    trim_left_padding,
+)
+from trainers.schedule import SCHEDULES
+
+
+@dataclass
+class PPOConfig:
+    """Configuration of a PPO run.
+
+    Model (as ``trainers.sft.SFTConfig``): model_path, output_dir, use_lora, lora_r, lora_alpha,
+        lora_dropout, lora_target_modules, gradient_checkpointing.
+
+    Data:
+        max_prompt_length: prompts keep their last this many tokens.
+
+    Optimisation (as SFTConfig): n_epochs, batch_size (prompts per micro-batch), gradient_accumulation_steps,
+        learning_rate, lr_scheduler, warmup_ratio, weight_decay, max_grad_norm, mixed_precision, seed,
+        max_steps (optimizer steps: each rollout makes ``num_ppo_epochs * num_mini_batches`` of them).
+
+    Method:
+        max_completion_length, temperature, top_p: sampling (one completion per prompt).
+        num_ppo_epochs: passes over each rollout.
+        num_mini_batches: mini-batches (optimizer steps) per pass; must divide the rollout's prompts.
+        kl_coef: per-token KL penalty to the reference (the base: adapter disabled for LoRA).
+        gamma, lam: GAE discount and λ.
+        cliprange: policy ratio clip ε; cliprange_value: value clip around the rollout's values.
+        vf_coef: weight of the value loss.
+        whiten_advantages: normalise advantages to mean 0, std 1 over the rollout's tokens.
+        missing_eos_penalty: subtracted from the score of completions without EOS (None: nothing).
+
+    Run control (as SFTConfig): save_steps, eval_steps (unused), resume_from.
+    """
+
+    model_path: str
+    output_dir: str
+    use_lora: bool = True
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] | None = None
+    max_prompt_length: int = 512
+    n_epochs: int = 1
+    batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 3e-6
+    lr_scheduler: str = "linear"
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "auto"
+    gradient_checkpointing: bool = False
+    seed: int = 42
+    max_steps: int | None = None
+    save_steps: int = 0
+    eval_steps: int = 0
+    resume_from: str | None = None
+    max_completion_length: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    num_ppo_epochs: int = 4
+    num_mini_batches: int = 1
+    kl_coef: float = 0.05
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    whiten_advantages: bool = True
+    missing_eos_penalty: float | None = None
+
+    def validate(self) -> None:
+        """Raise ``DataError`` naming the first hyperparameter out of range."""
+        rollout = self.batch_size * self.gradient_accumulation_steps
+        checks = {
+            "lora_r": self.lora_r >= 1,
+            "max_prompt_length": self.max_prompt_length >= 1,
+            "n_epochs": self.n_epochs >= 1,
+            "batch_size": self.batch_size >= 1,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps >= 1,
+            "learning_rate": self.learning_rate > 0,
+            "lr_scheduler": self.lr_scheduler in SCHEDULES,
+            "warmup_ratio": 0.0 <= self.warmup_ratio <= 1.0,
+            "weight_decay": self.weight_decay >= 0,
+            "mixed_precision": self.mixed_precision in PRECISIONS,
+            "max_steps": self.max_steps is None or self.max_steps >= 1,
+            "save_steps": self.save_steps >= 0,
+            "eval_steps": self.eval_steps >= 0,
+            "max_completion_length": self.max_completion_length >= 1,
+            "temperature": self.temperature > 0,
+            "top_p": 0.0 < self.top_p <= 1.0,
+            "num_ppo_epochs": self.num_ppo_epochs >= 1,
+            "num_mini_batches": self.num_mini_batches >= 1 and rollout % self.num_mini_batches == 0,
+            "kl_coef": self.kl_coef >= 0,
+            "gamma": 0.0 <= self.gamma <= 1.0,
+            "lam": 0.0 <= self.lam <= 1.0,
+            "cliprange": self.cliprange > 0,
+            "cliprange_value": self.cliprange_value > 0,
+            "vf_coef": self.vf_coef >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise DataError(
+                    f"{name}={getattr(self, name)!r} is out of range", param=f"hyperparameters.{name}"
+                )
+
+
+# -- pure functions -------------------------------------------------------------------------------------
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016, eq. 16) and returns.
+
+    rewards, values, mask: [B, T]; ``mask`` is a prefix of each row (the completion). The episode ends
+    after the last masked token, so V = 0 there:
+
+        δ_t = r_t + γ V_{t+1} - V_t,    Â_t = Σ_{l ≥ 0} (γλ)^l δ_{t+l},    R_t = Â_t + V_t
+
+    Returns (advantages, returns), [B, T], zero outside the mask.
+
+    >>> rewards, values = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.5]])
+    >>> adv, ret = gae(rewards, values, torch.ones(1, 2), gamma=1, lam=1)
+    >>> adv.tolist(), ret.tolist()
+    ([[0.5, 0.5]], [[1.0, 1.0]])
+    """
+    mask = mask.to(values.dtype)
+    rewards, values = rewards * mask, values * mask
+    steps = rewards.size(1)
+    last = torch.zeros_like(rewards[:, 0])
+    reversed_advantages = []
+    for t in reversed(range(steps)):
+        next_value = values[:, t + 1] if t + 1 < steps else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * last
+        reversed_advantages.append(last)
+    advantages = torch.stack(reversed_advantages[::-1], dim=1)
+    return advantages * mask, (advantages + values) * mask
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked entries (unbiased variance); 0 outside the mask.
+
+    >>> masked_whiten(torch.tensor([[1.0, 3.0, 9.0]]), torch.tensor([[1, 1, 0]]))
+    tensor([[-0.7071,  0.7071,  0.0000]])
+    """
+    mask = mask.to(x.dtype)
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = (((x - mean) ** 2) * mask).sum() / n
+    if n > 1:
+        var = var * n / (n - 1)
+    return (x - mean) * torch.rsqrt(var + eps) * mask
+
+
+@dataclass(frozen=True)
+class PPOLossTerms:
+    """Sums over the masked tokens of a batch."""
+
+    loss_sum: torch.Tensor  # policy + vf_coef * value, differentiable
+    policy_sum: torch.Tensor
+    value_sum: torch.Tensor
+    approx_kl_sum: torch.Tensor  # Σ ½ (log ρ)²
+    clip_sum: torch.Tensor  # tokens where the clipped policy term was the larger
+    n_tokens: torch.Tensor
+
+
+def ppo_loss_terms(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cliprange: float,
+    cliprange_value: float,
+    vf_coef: float,
+) -> PPOLossTerms:
+    """Clipped policy loss (PPO eq. 7) and clipped value loss (as in OpenAI baselines' PPO2), per token.
+
+    All inputs [B, T]. With ρ = exp(logp - old_logp):
+
+        policy_t = max(-Â_t ρ_t, -Â_t clip(ρ_t, 1 - ε, 1 + ε))
+        value_t  = ½ max((V_t - R_t)², (V_old,t + clip(V_t - V_old,t, -ε_v, ε_v) - R_t)²)
+    """
+    mask = mask.to(logps.dtype)
+    log_ratio = logps - old_logps
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
+    policy = torch.max(unclipped, clipped)
+    values_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    value = 0.5 * torch.max((values - returns) ** 2, (values_clipped - returns) ** 2)
+    policy_sum, value_sum = (policy * mask).sum(), (value * mask).sum()
+    return PPOLossTerms(
+        loss_sum=policy_sum + vf_coef * value_sum,
+        policy_sum=policy_sum.detach(),
+        value_sum=value_sum.detach(),
+        approx_kl_sum=(0.5 * log_ratio.detach() ** 2 * mask).sum(),
+        clip_sum=((clipped > unclipped).to(mask.dtype) * mask).sum(),
+        n_tokens=mask.sum(),
+    )
+
+
+def ppo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cliprange: float = 0.2,
+    cliprange_value: float = 0.2,
+    vf_coef: float = 0.1,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token-mean PPO loss ``policy + vf_coef * value`` and its metrics (shapes as ``ppo_loss_terms``).
+
+    >>> z, one = torch.zeros(1, 2), torch.ones(1, 2)
+    >>> loss, m = ppo_loss(z, z, z, z, one, one, one)
+    >>> round(float(loss), 4), m["policy_loss"], m["value_loss"]
+    (-0.95, -1.0, 0.5)
+    """
+    t = ppo_loss_terms(
+        logps,
+        old_logps,
+        values,
+        old_values,
+        advantages,
+        returns,
+        mask,
+        cliprange=cliprange,
+        cliprange_value=cliprange_value,
+        vf_coef=vf_coef,
+    )
+    n = t.n_tokens.clamp(min=1.0)
+    metrics = {
+        "policy_loss": float(t.policy_sum / n),
+        "value_loss": float(t.value_sum / n),
+        "approx_kl": float(t.approx_kl_sum / n),
+        "clip_fraction": float(t.clip_sum / n),
+    }
+    return t.loss_sum / n, metrics
+
+
+# -- batches --------------------------------------------------------------------------------------------
+@dataclass
+class PPOBatch:
+    """A micro-batch of a rollout: [N, P] prompts; [N, C] completions and per-token rollout values."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    old_logps: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+    @property
+    def loss_denominator(self) -> int:
+        return int(self.completion_mask.sum())
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.prompt_mask.sum()) + int(self.completion_mask.sum())
+
+    def to(self, device: torch.device) -> Self:
+        moved: dict[str, Any] = {f.name: getattr(self, f.name).to(device) for f in fields(self)}
+        return replace(self, **moved)
+
+    def select(self, rows: torch.Tensor) -> PPOBatch:
+        """The given rows, with all-padding columns trimmed."""
+        prompt_ids, prompt_mask = trim_left_padding(self.prompt_ids[rows], self.prompt_mask[rows])
+        width = max(1, int(self.completion_mask[rows].sum(dim=1).max()))
+        cut = {
+            f.name: getattr(self, f.name)[rows, :width]
+            for f in fields(self)
+            if f.name not in ("prompt_ids", "prompt_mask")
+        }
+        return PPOBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, **cut)
+
+
+def _no_collate(examples: Sequence[RLPrompt]) -> PPOBatch:
+    raise TypeError("PPO batches are built from rollouts by PPORollouts, not collated")
+
+
+def policy_and_values(
+    model: torch.nn.Module,
+    value_head: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-probs, entropies, values), [N, C]: values[:, t] = V(q, o_<t), from the shared trunk."""
+    out = forward_completion(
+        model, prompt_ids, prompt_mask, completion_ids, completion_mask, output_hidden_states=True
+    )
+    logps, entropy = token_logps(out.logits, completion_ids, temperature)
+    hidden = out.hidden_states[-1][:, -completion_ids.size(1) - 1 : -1]
+    values = value_head(hidden).squeeze(-1).float()
+    return logps, entropy, values
+
+
+def ppo_batch_loss(
+    model: torch.nn.Module, batch: PPOBatch, *, value_head: torch.nn.Module, config: PPOConfig
+) -> LossSums:
+    """Summed PPO loss of a micro-batch; metrics are token sums (the loop divides by the step's tokens)."""
+    logps, entropy, values = policy_and_values(
+        model,
+        value_head,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+        temperature=config.temperature,
+    )
+    t = ppo_loss_terms(
+        logps,
+        batch.old_logps,
+        values,
+        batch.old_values,
+        batch.advantages,
+        batch.returns,
+        batch.completion_mask,
+        cliprange=config.cliprange,
+        cliprange_value=config.cliprange_value,
+        vf_coef=config.vf_coef,
+    )
+    metrics = {
+        "policy_loss": float(t.policy_sum),
+        "value_loss": float(t.value_sum),
+        "approx_kl": float(t.approx_kl_sum),
+        "clip_fraction": float(t.clip_sum),
+        "entropy": float((entropy * batch.completion_mask).sum()),
+    }
+    return LossSums(loss=t.loss_sum, metrics=metrics)
+
+
+# -- rollouts -------------------------------------------------------------------------------------------
+class PPORollouts:
+    """The loop's ``StepPreparer`` for PPO: sample, score, GAE; then serve shuffled mini-batches."""
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        value_head: torch.nn.Module,
+        reward_funcs: Sequence[RewardFunc],
+        reward_weights: Sequence[float],
+        reward_names: Sequence[str],
+        reference: torch.nn.Module | None,
+    ) -> None:
+        self.config, self.tokenizer, self.value_head, self.reference = (
+            config,
+            tokenizer,
+            value_head,
+            reference,
+        )
+        self.reward_funcs, self.reward_weights, self.reward_names = (
+            list(reward_funcs),
+            list(reward_weights),
+            list(reward_names),
+        )
+        self.steps_per_rollout = config.num_ppo_epochs * config.num_mini_batches
+        self.rollout: PPOBatch | None = None
+        self.order: torch.Tensor | None = None  # [num_ppo_epochs, N] row order of each pass
+        self.metrics: dict[str, float] = {}
+
+    @torch.no_grad()
+    def _new_rollout(self, model: torch.nn.Module, prompts: list[RLPrompt]) -> None:
+        c = self.config
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # from the loop's RNG: resumes draw the same
+        r = generate_rollout(
+            model,
+            self.tokenizer,
+            prompts,
+            num_generations=1,
+            max_completion_length=c.max_completion_length,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            seed=seed,
+        )
+        args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        logps, _, values = policy_and_values(model, self.value_head, *args, temperature=c.temperature)
+        ref = reference_logps(model, self.reference, *args, temperature=c.temperature) if c.kl_coef else logps
+        per_func = torch.tensor(
+            [list(map(float, f(r.prompts, r.completions, **r.columns))) for f in self.reward_funcs]
+        ).T  # [N, F]
+        scores = (per_func * torch.tensor(self.reward_weights)).sum(dim=1)
+        if c.missing_eos_penalty is not None:
+            scores = scores - c.missing_eos_penalty * r.truncated.float().cpu()
+        mask = r.completion_mask.float()
+        kl = (logps - ref) * mask
+        rewards = -c.kl_coef * kl
+        last = (r.completion_mask.sum(dim=1) - 1).clamp(min=0)
+        rewards[torch.arange(len(last)), last] += scores.to(rewards.device)
+        advantages, returns = gae(rewards, values, mask, gamma=c.gamma, lam=c.lam)
+        if c.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        self.rollout = PPOBatch(*args, logps, values * mask, advantages, returns)
+        generator = torch.Generator().manual_seed(seed)
+        self.order = torch.stack(
+            [torch.randperm(len(prompts), generator=generator) for _ in range(c.num_ppo_epochs)]
+        )
+        lengths = mask.sum(dim=1)
+        self.metrics = {
+            "score": float(scores.mean()),
+            "kl": float(kl.sum(dim=1).mean()),
+            "returns": float((returns * mask).sum() / mask.sum().clamp(min=1.0)),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(r.truncated.float().mean()),
+            **{f"rewards/{n}/mean": float(per_func[:, i].mean()) for i, n in enumerate(self.reward_names)},
+        }
+
+    def prepare(
+        self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]], repeat: int
+    ) -> PreparedStep[PPOBatch]:
+        if repeat == 0 or self.rollout is None or self.order is None:
+            self._new_rollout(model, [p for group in examples for p in group])
+        assert self.rollout is not None and self.order is not None
+        epoch, mini = divmod(repeat, self.config.num_mini_batches)
+        size = len(self.order[epoch]) // self.config.num_mini_batches
+        rows = self.order[epoch, mini * size : (mini + 1) * size]
+        micro = self.config.batch_size
+        batches = [self.rollout.select(rows[i : i + micro]) for i in range(0, len(rows), micro)]
+        return PreparedStep(batches, dict(self.metrics))
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.rollout is None or self.order is None:
+            return {}
+        rollout = {f.name: getattr(self.rollout, f.name).cpu() for f in fields(self.rollout)}
+        return {"rollout": rollout, "order": self.order, "metrics": self.metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            device = next(self.value_head.parameters()).device
+            rollout: dict[str, torch.Tensor] = state["rollout"]
+            self.rollout = PPOBatch(**{k: v.to(device) for k, v in rollout.items()})
+            self.order, self.metrics = state["order"], dict(state["metrics"])
+
+
+# -- entry point ----------------------------------------------------------------------------------------
+def train_ppo(
+    config: PPOConfig,
+    train_rows: Sequence[Mapping[str, Any]],
+    reward_funcs: Sequence[RewardFunc] = (),
+    callbacks: TrainingCallbacks | None = None,
+    *,
+    reward_weights: Sequence[float] | None = None,
+    reward_names: Sequence[str] | None = None,
+    reward_model_path: str | None = None,
+) -> TrainResult:
+    """Train ``config.model_path`` with PPO on the prompts of ``train_rows``.
+
+    The score is the weighted sum of ``reward_funcs`` (weights default to 1); ``reward_model_path``
+    adds a sequence-classification reward model (the ``score_model`` grader) to them.
+    """
+    config.validate()
+    funcs = list(reward_funcs)
+    if reward_model_path is not None:
+        funcs.append(ScoreModel("reward_model", reward_model_path))
+    if not funcs:
+        raise DataError("PPO needs a reward function or a reward model", param="grader")
+    weights = list(reward_weights) if reward_weights is not None else [1.0] * len(funcs)
+    names = (
+        list(reward_names) if reward_names is not None else [reward_name(f, i) for i, f in enumerate(funcs)]
+    )
+    if len(weights) != len(funcs) or len(names) != len(funcs):
+        raise ValueError("reward_weights and reward_names need one entry per reward function")
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config.model_path)
+    prompts = tokenize_rl_rows(train_rows, tokenizer, max_prompt_length=config.max_prompt_length)
+    device = pick_device()
+    model = load_model(config, device)
+    model_config: Any = model.config
+    hidden = int(model_config.hidden_size)
+    value_head = torch.nn.Linear(hidden, 1)
+    torch.nn.init.zeros_(value_head.weight)
+    torch.nn.init.zeros_(value_head.bias)
+    value_head = value_head.to(device)
+    reference = None
+    if config.kl_coef != 0 and not config.use_lora:
+        reference = load_frozen_reference(config.model_path, device)
+    preparer = PPORollouts(config, tokenizer, value_head, funcs, weights, names, reference)
+    task = TrainingTask(
+        model,
+        tokenizer,
+        prompts,
+        _no_collate,
+        partial(ppo_batch_loss, value_head=value_head, config=config),
+        preparer=preparer,
+        extra_trainable=value_head,
+    )
+    return run_training(config, task, callbacks)
+
+
+__all__ = [
+    "PPOBatch",
+    "PPOConfig",
+    "PPORollouts",
+    "gae",
+    "masked_whiten",
+    "ppo_loss",
+    "ppo_loss_terms",
+    "train_ppo",
+]
