@@ -7,7 +7,6 @@ Exits 0 whenever the outcome is recorded (succeeded, failed with a reason, cance
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import shutil
@@ -20,16 +19,16 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service.base_models.catalog import resolve_base_model
-from service.config import Settings, get_settings
+from service.config import get_settings
 from service.db import session_scope
 from service.jobs.events import add_event
-from service.jobs.spec import SupervisedHyperparameters, learning_rate, load_method
+from service.jobs.spec import load_method
 from service.models import Checkpoint, File, Job
 from service.storage import LocalBlobStore, get_blob_store
 from trainers.errors import DataError
-from trainers.sft import SFTConfig, train_sft
 from worker import lease
+from worker.methods import RunInputs, run_method
+from worker.models import ModelNotAvailable, resolve_model_path
 from worker.reporter import JobReporter
 
 log = logging.getLogger("tunehouse.worker")
@@ -43,34 +42,6 @@ class JobSpecError(Exception):
         self.message, self.param, self.code = message, param, code
 
 
-def resolve_model_path(settings: Settings, name: str) -> str:
-    entry = resolve_base_model(settings, name)
-    if entry is None:
-        raise JobSpecError(
-            f"model '{name}' is no longer available on this deployment",
-            param="model",
-            code="model_not_available",
-        )
-    if entry.source == "builtin":
-        return str(ensure_tiny_model(settings.models_dir / "tiny-llama"))
-    return entry.path or entry.id
-
-
-def ensure_tiny_model(target: Path) -> Path:
-    """Build the bundled demo model once per data dir; a file lock keeps concurrent workers apart."""
-    from trainers.tiny_model import build_tiny_model
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / ".tiny-llama.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "config.json").exists():
-            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
-            build_tiny_model(tmp)
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
-    return target
-
-
 def read_rows(blobs: LocalBlobStore, file_row: File | None, *, param: str) -> list[dict[str, Any]]:
     if file_row is None:
         raise JobSpecError(f"{param} was deleted before the job ran", param=param, code="file_not_found")
@@ -80,38 +51,6 @@ def read_rows(blobs: LocalBlobStore, file_row: File | None, *, param: str) -> li
             if raw.strip():
                 rows.append(json.loads(raw))
     return rows
-
-
-def sft_config(
-    hp: SupervisedHyperparameters, *, model_path: str, output_dir: Path, seed: int, resume_from: Path | None
-) -> SFTConfig:
-    assert hp.n_epochs != "auto" and hp.batch_size != "auto", "hyperparameters are resolved at creation"
-    return SFTConfig(
-        model_path=model_path,
-        output_dir=str(output_dir),
-        use_lora=hp.lora,
-        lora_r=hp.lora_r,
-        lora_alpha=hp.lora_alpha,
-        lora_dropout=hp.lora_dropout,
-        lora_target_modules=hp.lora_target_modules,
-        max_length=hp.max_length,
-        packing=hp.packing,
-        n_epochs=hp.n_epochs,
-        batch_size=hp.batch_size,
-        gradient_accumulation_steps=hp.gradient_accumulation_steps,
-        learning_rate=learning_rate(hp),
-        lr_scheduler=hp.lr_scheduler,
-        warmup_ratio=hp.warmup_ratio,
-        weight_decay=hp.weight_decay,
-        max_grad_norm=hp.max_grad_norm,
-        mixed_precision=hp.mixed_precision,
-        gradient_checkpointing=hp.gradient_checkpointing,
-        seed=seed,
-        max_steps=hp.max_steps,
-        save_steps=hp.save_steps,
-        eval_steps=hp.eval_steps,
-        resume_from=str(resume_from) if resume_from else None,
-    )
 
 
 def restore_latest_checkpoint(blobs: LocalBlobStore, job_id: str, workdir: Path) -> tuple[Path | None, int]:
@@ -151,23 +90,23 @@ def run(job_id: str, worker_id: str) -> None:
         validation = session.get(File, job.validation_file) if job.validation_file else None
         session.expunge_all()
     method = load_method(job.method)
-    assert method.supervised is not None, "only supervised jobs reach the worker today"
     fine_tuned_model = f"ft:{job.model}:{job.tenant_id}:{job.suffix or ''}:{job.id}"
     workdir = Path(tempfile.mkdtemp(dir=settings.data_dir, prefix=f"work-{job_id}-"))
     try:
-        model_path = resolve_model_path(settings, job.model)
+        model_path = resolve_model_path(settings, blobs, tenant_id=job.tenant_id, name=job.model)
         train_rows = read_rows(blobs, training, param="training_file")
         valid_rows = read_rows(blobs, validation, param="validation_file") if job.validation_file else None
         resume_from, resume_step = restore_latest_checkpoint(blobs, job_id, workdir)
         if resume_from is not None:
             with session_scope() as session:
                 add_event(session, job_id, f"Resuming from the checkpoint at step {resume_step}")
-        config = sft_config(
-            method.supervised.hyperparameters,
+        inputs = RunInputs(
             model_path=model_path,
             output_dir=workdir / "out",
             seed=job.seed,
             resume_from=resume_from,
+            train_rows=train_rows,
+            valid_rows=valid_rows,
         )
         publisher = None
         if settings.redis_url:
@@ -183,7 +122,7 @@ def run(job_id: str, worker_id: str) -> None:
             blobs=blobs,
             publisher=publisher,
         )
-        result = train_sft(config, train_rows, valid_rows, reporter)
+        result = run_method(method, inputs, reporter)
         reporter.flush()
         if result.stopped is not None:
             with session_scope() as session:
@@ -215,6 +154,10 @@ def run(job_id: str, worker_id: str) -> None:
             message=exc.message,
             param=exc.param or "training_file",
             fault="user",
+        )
+    except ModelNotAvailable as exc:
+        _fail(
+            job_id, worker_id, code="model_not_available", message=exc.message, param=exc.param, fault="user"
         )
     except JobSpecError as exc:
         _fail(job_id, worker_id, code=exc.code, message=exc.message, param=exc.param, fault="user")

@@ -314,6 +314,18 @@ def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Li
     )
 
 
+def _shape(kind: FileFormat, example: dict[str, Any]) -> str:
+    """Formats with two accepted shapes must use one of them for the whole file (the trainers read the
+    file's shape from its first line)."""
+    if kind is FileFormat.PREFERENCE:
+        return (
+            "input/preferred_output/non_preferred_output" if "input" in example else "prompt/chosen/rejected"
+        )
+    if kind is FileFormat.PROMPT_ONLY:
+        return "messages" if "messages" in example else "prompt"
+    return kind.value
+
+
 class JsonlValidator:
     """Validates a JSONL training file fed in arbitrary chunks.
 
@@ -334,6 +346,7 @@ class JsonlValidator:
         self._bytes = 0
         self._format: FileFormat | None = None
         self._format_line = 0
+        self._shape = ""
         self._error: FileValidationError | None = None
         self._stats: FileStats | None = None
 
@@ -449,9 +462,17 @@ class JsonlValidator:
                 f"(detected at line {self._format_line})",
             )
         _VALIDATORS[kind](line, example)
+        shape = _shape(kind, example)
         if self._format is None:
             self._format = kind
             self._format_line = number
+            self._shape = shape
+        elif shape != self._shape:
+            line.fail(
+                None,
+                f"shape {shape!r} differs from the file's shape {self._shape!r} (line {self._format_line}); "
+                "use one shape per file",
+            )
         self._examples += 1
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.base_models.catalog import resolve_base_model
+from service.base_models.fine_tuned import find_final_checkpoint
 from service.config import Settings
 from service.errors import BadRequest, Conflict, NotFound
 from service.files.service import get_file
@@ -23,7 +24,7 @@ from service.jobs.spec import (
     Method,
     SupervisedHyperparameters,
     SupervisedMethod,
-    resolve_supervised,
+    resolve_hyperparameters,
     stored_method,
 )
 from service.models import Checkpoint, File, Job, JobEvent, JobMetric, Tenant
@@ -64,7 +65,10 @@ def _method_of(spec: JobCreate) -> Method:
 
 
 def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
-    if resolve_base_model(settings, spec.model) is None:
+    is_fine_tuned = spec.model.startswith("ft:") and (
+        find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
+    )
+    if not is_fine_tuned and resolve_base_model(settings, spec.model) is None:
         raise BadRequest(
             f"model '{spec.model}' is not available for fine-tuning here; see GET /v1/models",
             param="model",
@@ -91,10 +95,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
             method_type=method.type,
         )
 
-    assert method.supervised is not None
-    method.supervised.hyperparameters = resolve_supervised(
-        method.supervised.hyperparameters, n_examples=training.line_count
-    )
+    resolve_hyperparameters(method, n_examples=training.line_count)
     job = Job(
         id=new_id("ftjob"),
         tenant_id=tenant.id,

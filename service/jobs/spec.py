@@ -1,8 +1,9 @@
 """The job spec: one pydantic source of truth, used by the API to validate and by the worker to run.
 
 A method object has OpenAI's shape, `{"type": T, T: {"hyperparameters": {...}}}`. Hyperparameters
-accept OpenAI's names (`n_epochs`, `batch_size`, `learning_rate_multiplier`, each a number or "auto")
-plus ours; "auto" is resolved at creation (`resolve_supervised`) and stored resolved.
+accept OpenAI's names (`n_epochs`, `batch_size`, `learning_rate_multiplier`, `beta`, each a number or
+"auto") plus ours; "auto" is resolved at creation (`resolve_hyperparameters`) and stored resolved.
+Field names match the trainers' config dataclasses, so the worker maps them by name.
 """
 
 from __future__ import annotations
@@ -13,31 +14,46 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Auto = Literal["auto"]
-METHOD_TYPES = ("supervised", "dpo", "reinforcement", "grpo", "ppo", "reward_model")
-# methods whose trainers have landed; the others answer a clear 400 until they do
-RUNNABLE_METHODS = ("supervised",)
+MethodType = Literal["supervised", "dpo", "reinforcement", "grpo", "ppo", "reward_model"]
+METHOD_TYPES: tuple[str, ...] = ("supervised", "dpo", "reinforcement", "grpo", "ppo", "reward_model")
+# methods whose trainers are wired into the worker; the others answer a clear 400 until they are
+RUNNABLE_METHODS: tuple[str, ...] = ("supervised", "dpo", "reward_model")
+
+# Peak learning rates that `learning_rate_multiplier` scales, (LoRA, full fine-tuning): full
+# fine-tuning moves every weight, and preference/RL objectives diverge at SFT's rates.
+BASE_LEARNING_RATES: dict[str, tuple[float, float]] = {
+    "supervised": (2e-4, 2e-5),
+    "dpo": (5e-5, 5e-6),
+    "reward_model": (1e-4, 1e-5),
+    "grpo": (1e-5, 1e-6),
+    "reinforcement": (1e-5, 1e-6),
+    "ppo": (1e-5, 1e-6),
+}
+
+
+# the hyperparameters that take "auto" (OpenAI's); mixed_precision's "auto" is a runtime choice
+AUTO_FIELDS = ("n_epochs", "batch_size", "learning_rate_multiplier", "beta")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SupervisedHyperparameters(_Strict):
-    """Supervised fine-tuning. OpenAI's three knobs, then ours."""
+class CommonHyperparameters(_Strict):
+    """What every method takes. OpenAI's three knobs, then ours."""
 
     n_epochs: Annotated[int, Field(ge=1, le=100)] | Auto = "auto"
     batch_size: Annotated[int, Field(ge=1, le=1024)] | Auto = "auto"
     learning_rate_multiplier: Annotated[float, Field(gt=0, le=100)] | Auto = "auto"
-    # ours: the adapter
+    # the adapter
     lora: bool = True
     lora_r: Annotated[int, Field(ge=1, le=1024)] = 8
     lora_alpha: Annotated[int, Field(ge=1, le=4096)] = 16
     lora_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     lora_target_modules: list[str] | None = None
-    # ours: data
+    # data
     max_length: Annotated[int, Field(ge=8, le=131072)] = 1024
-    packing: bool = False
-    # ours: optimisation
+    # optimisation
     learning_rate: Annotated[float, Field(gt=0, le=1)] | None = None  # absolute; overrides the multiplier
     gradient_accumulation_steps: Annotated[int, Field(ge=1, le=1024)] = 1
     lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
@@ -51,33 +67,72 @@ class SupervisedHyperparameters(_Strict):
     eval_steps: Annotated[int, Field(ge=0)] = 0
 
 
+class SupervisedHyperparameters(CommonHyperparameters):
+    packing: bool = False
+
+
+class DpoHyperparameters(CommonHyperparameters):
+    beta: Annotated[float, Field(gt=0, le=10)] | Auto = "auto"
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    precompute_ref_log_probs: bool = False
+    max_prompt_length: Annotated[int, Field(ge=1)] | None = None
+
+
+class RewardModelHyperparameters(CommonHyperparameters):
+    max_prompt_length: Annotated[int, Field(ge=1)] | None = None
+
+
 class SupervisedMethod(_Strict):
     hyperparameters: SupervisedHyperparameters = Field(default_factory=SupervisedHyperparameters)
 
 
+class DpoMethod(_Strict):
+    hyperparameters: DpoHyperparameters = Field(default_factory=DpoHyperparameters)
+
+
+class RewardModelMethod(_Strict):
+    hyperparameters: RewardModelHyperparameters = Field(default_factory=RewardModelHyperparameters)
+
+
 class OpaqueMethod(BaseModel):
-    """Methods whose trainers have not landed yet: kept loose so the 400 names the method, not a field."""
+    """Methods whose trainers are not wired in yet: kept loose so the 400 names the method, not a field."""
 
     model_config = ConfigDict(extra="allow")
 
 
+_BODIES: dict[str, type[BaseModel]] = {
+    "supervised": SupervisedMethod,
+    "dpo": DpoMethod,
+    "reward_model": RewardModelMethod,
+}
+
+
 class Method(_Strict):
-    type: Literal["supervised", "dpo", "reinforcement", "grpo", "ppo", "reward_model"]
+    type: MethodType
     supervised: SupervisedMethod | None = None
-    dpo: OpaqueMethod | None = None
+    dpo: DpoMethod | None = None
+    reward_model: RewardModelMethod | None = None
     reinforcement: OpaqueMethod | None = None
     grpo: OpaqueMethod | None = None
     ppo: OpaqueMethod | None = None
-    reward_model: OpaqueMethod | None = None
 
     @model_validator(mode="after")
     def _one_body(self) -> Method:
         for other in METHOD_TYPES:
             if other != self.type and getattr(self, other) is not None:
                 raise ValueError(f"method.{other} given but method.type is '{self.type}'")
-        if self.type == "supervised" and self.supervised is None:
-            self.supervised = SupervisedMethod()
+        if self.type in _BODIES and getattr(self, self.type) is None:
+            setattr(self, self.type, _BODIES[self.type]())
         return self
+
+    @property
+    def hyperparameters(self) -> CommonHyperparameters:
+        body = getattr(self, self.type)
+        hp = getattr(body, "hyperparameters", None)
+        if not isinstance(hp, CommonHyperparameters):
+            raise ValueError(f"method '{self.type}' has no typed hyperparameters")
+        return hp
 
 
 class LegacyHyperparameters(_Strict):
@@ -100,28 +155,40 @@ class JobCreate(_Strict):
     integrations: list[dict[str, Any]] | None = None
 
 
-# Base learning rates the multiplier scales; full fine-tuning moves every weight, so it gets a smaller one.
-BASE_LR_LORA = 2e-4
-BASE_LR_FULL = 2e-5
-
-
-def resolve_supervised(hp: SupervisedHyperparameters, *, n_examples: int) -> SupervisedHyperparameters:
-    """Replace every "auto" with a number chosen from the dataset size."""
+def resolve_hyperparameters(method: Method, *, n_examples: int) -> None:
+    """Replace every "auto" in the method's hyperparameters with a number chosen from the dataset size."""
+    hp = method.hyperparameters
     # batch: 1/8 of the data, between 1 and 8 — small sets still get several steps per epoch
-    batch_size = hp.batch_size if hp.batch_size != "auto" else max(1, min(8, n_examples // 8))
+    if hp.batch_size == "auto":
+        hp.batch_size = max(1, min(8, n_examples // 8))
     # epochs: aim for ~256 example-passes on small sets, never fewer than 1 or more than 10
-    n_epochs = hp.n_epochs if hp.n_epochs != "auto" else max(1, min(10, math.ceil(256 / max(1, n_examples))))
-    multiplier = hp.learning_rate_multiplier if hp.learning_rate_multiplier != "auto" else 1.0
-    return hp.model_copy(
-        update={"batch_size": batch_size, "n_epochs": n_epochs, "learning_rate_multiplier": multiplier}
-    )
+    if hp.n_epochs == "auto":
+        hp.n_epochs = max(1, min(10, math.ceil(256 / max(1, n_examples))))
+    if hp.learning_rate_multiplier == "auto":
+        hp.learning_rate_multiplier = 1.0
+    if isinstance(hp, DpoHyperparameters) and hp.beta == "auto":
+        hp.beta = 0.1  # the DPO paper's default
 
 
-def learning_rate(hp: SupervisedHyperparameters) -> float:
+def learning_rate(method: Method) -> float:
+    hp = method.hyperparameters
     if hp.learning_rate is not None:
         return hp.learning_rate
-    assert hp.learning_rate_multiplier != "auto", "hyperparameters must be resolved first"
-    return (BASE_LR_LORA if hp.lora else BASE_LR_FULL) * hp.learning_rate_multiplier
+    if hp.learning_rate_multiplier == "auto":
+        raise ValueError("hyperparameters must be resolved first")
+    lora_lr, full_lr = BASE_LEARNING_RATES[method.type]
+    return (lora_lr if hp.lora else full_lr) * hp.learning_rate_multiplier
+
+
+def trainer_fields(method: Method) -> dict[str, Any]:
+    """Resolved hyperparameters under the trainers' config field names."""
+    hp = method.hyperparameters.model_dump()
+    if any(hp.get(name) == "auto" for name in AUTO_FIELDS):
+        raise ValueError("hyperparameters must be resolved first")
+    hp["use_lora"] = hp.pop("lora")
+    hp["learning_rate"] = learning_rate(method)
+    hp.pop("learning_rate_multiplier")
+    return hp
 
 
 def stored_method(method: Method) -> dict[str, Any]:

@@ -133,13 +133,19 @@ def test_mixed_formats_report_the_line_the_format_was_detected_at() -> None:
     )
 
 
-def test_both_preference_shapes_may_share_a_file() -> None:
-    assert validate(jl(PREF_OPENAI, PREF_PAIRS)).format is FileFormat.PREFERENCE
+def test_a_file_uses_one_preference_shape() -> None:
+    # the trainers read the shape from line 1, so a mixed file is rejected here, not at run time
+    assert validate(jl(PREF_OPENAI, PREF_OPENAI)).format is FileFormat.PREFERENCE
+    assert validate(jl(PREF_PAIRS, PREF_PAIRS)).format is FileFormat.PREFERENCE
+    err = error(jl(PREF_OPENAI, PREF_PAIRS))
+    assert err.line == 2 and "one shape per file" in err.message
 
 
-def test_rl_prompts_may_mix_messages_and_prompt_and_carry_extra_fields() -> None:
-    data = jl(RL_MESSAGES, RL_PROMPT, {"prompt": "p", "completion": "reference", "tests": [1, 2]})
-    assert validate(data) == FileStats(line_count=3, format=FileFormat.PROMPT_ONLY, bytes=len(data))
+def test_rl_prompts_use_one_shape_and_carry_extra_fields() -> None:
+    data = jl(RL_PROMPT, {"prompt": "p", "completion": "reference", "tests": [1, 2]})
+    assert validate(data) == FileStats(line_count=2, format=FileFormat.PROMPT_ONLY, bytes=len(data))
+    err = error(jl(RL_MESSAGES, RL_PROMPT))
+    assert err.line == 2 and "one shape per file" in err.message
 
 
 def test_extra_top_level_fields_are_ignored() -> None:

@@ -82,7 +82,15 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
         ),
         ({"surprise": True}, "surprise"),
         ({"method": {"type": "teleport"}}, "method.type"),
-        ({"method": {"type": "dpo", "dpo": {}}}, "method.type"),
+        ({"method": {"type": "grpo", "grpo": {}}}, "method.type"),
+        (
+            {"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}},
+            "method.dpo.hyperparameters.beta",
+        ),
+        (
+            {"method": {"type": "dpo", "dpo": {"hyperparameters": {"packing": True}}}},
+            "method.dpo.hyperparameters.packing",
+        ),
         ({"suffix": "has spaces"}, "suffix"),
         ({"seed": -1}, "seed"),
         ({"method": {"type": "supervised"}, "hyperparameters": {"n_epochs": 1}}, "hyperparameters"),
@@ -102,6 +110,16 @@ def test_file_format_must_fit_method(client: httpx.Client) -> None:
     error = _error(_create(client, model=MODEL, training_file=preference))
     assert error["param"] == "training_file" and error["code"] == "invalid_file_format"
     assert "preference" in error["message"]
+
+
+def test_method_needs_matching_file_format(client: httpx.Client, train_file: str) -> None:
+    for method in ("dpo", "reward_model"):
+        error = _error(_create(client, model=MODEL, training_file=train_file, method={"type": method}))
+        assert error["param"] == "training_file" and error["code"] == "invalid_file_format"
+    preference = upload_ok(client, [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 16)
+    job = _create(client, model=MODEL, training_file=preference, method={"type": "dpo"}).json()
+    assert job["method"]["dpo"]["hyperparameters"]["beta"] == 0.1
+    assert job["method"]["dpo"]["hyperparameters"]["batch_size"] == 2
 
 
 def test_list_pagination_and_metadata_filter(client: httpx.Client, train_file: str) -> None:

@@ -1,0 +1,73 @@
+"""Turn a job's model name into a local Hugging Face folder: the bundled demo model (built once),
+an operator-registered path, a hub id, or a fine-tuned model of the tenant (its final checkpoint,
+unpacked once into the data dir's model cache)."""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from service.base_models.catalog import resolve_base_model
+from service.base_models.fine_tuned import find_final_checkpoint
+from service.config import Settings
+from service.db import session_scope
+from service.storage import LocalBlobStore
+
+
+class ModelNotAvailable(Exception):
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+def _build_once(target: Path, build: Callable[[Path], object]) -> Path:
+    """Build `target` if missing; a file lock keeps concurrent workers apart, a rename makes it atomic."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f".{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
+            build(tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+    return target
+
+
+def ensure_tiny_model(target: Path) -> Path:
+    from trainers.tiny_model import build_tiny_model
+
+    return _build_once(target, build_tiny_model)
+
+
+def resolve_model_path(
+    settings: Settings,
+    blobs: LocalBlobStore,
+    *,
+    tenant_id: str,
+    name: str,
+    param: str = "model",
+    reward_model: bool = False,
+) -> str:
+    if name.startswith("ft:"):
+        with session_scope() as session:
+            ckpt = find_final_checkpoint(session, tenant_id=tenant_id, name=name, reward_model=reward_model)
+            key, ckpt_id = (ckpt.blob_key, ckpt.id) if ckpt else (None, None)
+        if key is None or ckpt_id is None:
+            kind = "reward model" if reward_model else "fine-tuned model"
+            raise ModelNotAvailable(f"{param}: no {kind} named '{name}' in this organization", param=param)
+
+        def unpack(tmp: Path) -> None:
+            with blobs.open(key) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
+                tar.extractall(tmp, filter="data")
+
+        return str(_build_once(settings.models_dir / "fine-tuned" / ckpt_id, unpack))
+    entry = resolve_base_model(settings, name)
+    if entry is None:
+        raise ModelNotAvailable(f"model '{name}' is no longer available on this deployment", param=param)
+    if entry.source == "builtin":
+        return str(ensure_tiny_model(settings.models_dir / "tiny-llama"))
+    return entry.path or entry.id
