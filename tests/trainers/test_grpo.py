@@ -241,6 +241,7 @@ def test_grpo_reward_rises(grpo_config: Callable[..., GRPOConfig]) -> None:
 
 def _base_weight_copies(vocab_rows: int) -> int:
     """Distinct storages of [vocab, hidden] tensors alive: the embedding and LM head of each model copy."""
+    gc.collect()
     ptrs = {
         obj.untyped_storage().data_ptr()
         for obj in gc.get_objects()
@@ -251,13 +252,16 @@ def _base_weight_copies(vocab_rows: int) -> int:
 
 
 class CopyCounter(Recorder):
+    """Counts the [vocab, hidden] tensors that training adds to those alive before it (earlier tests')."""
+
     def __init__(self, vocab_rows: int) -> None:
         super().__init__()
         self.vocab_rows, self.copies = vocab_rows, 0
+        self.before = _base_weight_copies(vocab_rows)
 
     def on_step(self, row: dict[str, float]) -> None:
         super().on_step(row)
-        self.copies = max(self.copies, _base_weight_copies(self.vocab_rows))
+        self.copies = max(self.copies, _base_weight_copies(self.vocab_rows) - self.before)
 
 
 @pytest.mark.parametrize(("use_lora", "copies"), [(True, 2), (False, 8)], ids=["lora", "full"])
