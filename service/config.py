@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     model_registry: dict[str, str] = Field(default_factory=dict)
     allow_hub_models: bool = False
 
+    # RL graders: tenant Python code runs only when the operator enables it, in a separate process
+    allow_python_grader: bool = False
+    python_grader_timeout_seconds: float = 30.0
+    python_grader_memory_mb: int = 1024
+
     # worker lease: a running job whose heartbeat is older than this is considered dead
     heartbeat_seconds: float = 5.0
     lease_timeout_seconds: float = 60.0

@@ -27,6 +27,7 @@ from service.models import Checkpoint, File, Job
 from service.storage import LocalBlobStore, get_blob_store
 from trainers.errors import DataError
 from worker import lease
+from worker.graders import reward_functions
 from worker.methods import RunInputs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
 from worker.reporter import JobReporter
@@ -100,6 +101,9 @@ def run(job_id: str, worker_id: str) -> None:
         if resume_from is not None:
             with session_scope() as session:
                 add_event(session, job_id, f"Resuming from the checkpoint at step {resume_step}")
+        reward_funcs, reward_names = reward_functions(
+            method, settings=settings, blobs=blobs, tenant_id=job.tenant_id
+        )
         inputs = RunInputs(
             model_path=model_path,
             output_dir=workdir / "out",
@@ -107,6 +111,8 @@ def run(job_id: str, worker_id: str) -> None:
             resume_from=resume_from,
             train_rows=train_rows,
             valid_rows=valid_rows,
+            reward_funcs=reward_funcs,
+            reward_names=reward_names,
         )
         publisher = None
         if settings.redis_url:

@@ -5,7 +5,7 @@ class and entry point. All of them run on the same loop (trainers/loop.py)."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ class RunInputs:
     resume_from: Path | None
     train_rows: list[dict[str, Any]]
     valid_rows: list[dict[str, Any]] | None
+    # RL methods: the job's grader as reward functions (worker/graders.py), with their metric names
+    reward_funcs: list[Any] = field(default_factory=list)
+    reward_names: list[str] = field(default_factory=list)
 
 
 def build_config(config_cls: type[Any], method: Method, inputs: RunInputs) -> Any:
@@ -51,6 +54,14 @@ def config_class(method_type: str) -> type[Any]:
         from trainers.reward_model import RewardModelConfig
 
         return RewardModelConfig
+    if method_type in ("grpo", "reinforcement"):
+        from trainers.grpo import GRPOConfig
+
+        return GRPOConfig
+    if method_type == "ppo":
+        from trainers.ppo import PPOConfig
+
+        return PPOConfig
     raise NotImplementedError(f"method '{method_type}' is not wired into the worker")
 
 
@@ -68,4 +79,16 @@ def run_method(method: Method, inputs: RunInputs, callbacks: TrainingCallbacks) 
         from trainers.reward_model import train_reward_model
 
         return train_reward_model(config, inputs.train_rows, inputs.valid_rows, callbacks)
+    if method.type in ("grpo", "reinforcement"):
+        from trainers.grpo import train_grpo
+
+        return train_grpo(
+            config, inputs.train_rows, inputs.reward_funcs, callbacks, reward_names=inputs.reward_names
+        )
+    if method.type == "ppo":
+        from trainers.ppo import train_ppo
+
+        return train_ppo(
+            config, inputs.train_rows, inputs.reward_funcs, callbacks, reward_names=inputs.reward_names
+        )
     raise NotImplementedError(f"method '{method.type}' is not wired into the worker")

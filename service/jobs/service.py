@@ -17,6 +17,7 @@ from service.files.service import get_file
 from service.files.validation import METHOD_FORMATS, FileFormat
 from service.ids import new_id, now
 from service.jobs.events import add_event
+from service.jobs.graders import python_graders, score_models
 from service.jobs.schemas import TERMINAL_STATUSES
 from service.jobs.spec import (
     RUNNABLE_METHODS,
@@ -47,6 +48,36 @@ def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, m
             code="invalid_file_format",
         )
     return row
+
+
+def _check_rl(
+    session: Session, *, tenant: Tenant, method: Method, spec: JobCreate, settings: Settings
+) -> None:
+    grader = method.grader
+    if grader is None:
+        return
+    param = f"method.{method.type}.grader"
+    if spec.validation_file is not None:
+        raise BadRequest(
+            f"validation_file is not supported for method '{method.type}' yet",
+            param="validation_file",
+            code="not_implemented",
+        )
+    if python_graders(grader) and not settings.allow_python_grader:
+        raise BadRequest(
+            "python graders are disabled on this deployment (the operator enables them with "
+            "TUNEHOUSE_ALLOW_PYTHON_GRADER=1)",
+            param=f"{param}.type",
+            code="python_grader_disabled",
+        )
+    for name in score_models(grader):
+        if find_final_checkpoint(session, tenant_id=tenant.id, name=name, reward_model=True) is None:
+            raise BadRequest(
+                f"score_model grader: '{name}' is not a reward model of this organization "
+                "(train one with method 'reward_model' and use its fine_tuned_model)",
+                param=f"{param}.model",
+                code="model_not_available",
+            )
 
 
 def _method_of(spec: JobCreate) -> Method:
@@ -83,6 +114,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
             param="method.type",
             code="not_implemented",
         )
+    _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
     )

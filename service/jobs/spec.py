@@ -13,11 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.jobs.graders import Grader
+
 Auto = Literal["auto"]
 MethodType = Literal["supervised", "dpo", "reinforcement", "grpo", "ppo", "reward_model"]
 METHOD_TYPES: tuple[str, ...] = ("supervised", "dpo", "reinforcement", "grpo", "ppo", "reward_model")
 # methods whose trainers are wired into the worker; the others answer a clear 400 until they are
-RUNNABLE_METHODS: tuple[str, ...] = ("supervised", "dpo", "reward_model")
+RUNNABLE_METHODS: tuple[str, ...] = METHOD_TYPES
+RL_METHODS: tuple[str, ...] = ("reinforcement", "grpo", "ppo")
 
 # Peak learning rates that `learning_rate_multiplier` scales, (LoRA, full fine-tuning): full
 # fine-tuning moves every weight, and preference/RL objectives diverge at SFT's rates.
@@ -51,8 +54,6 @@ class CommonHyperparameters(_Strict):
     lora_alpha: Annotated[int, Field(ge=1, le=4096)] = 16
     lora_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     lora_target_modules: list[str] | None = None
-    # data
-    max_length: Annotated[int, Field(ge=8, le=131072)] = 1024
     # optimisation
     learning_rate: Annotated[float, Field(gt=0, le=1)] | None = None  # absolute; overrides the multiplier
     gradient_accumulation_steps: Annotated[int, Field(ge=1, le=1024)] = 1
@@ -67,11 +68,17 @@ class CommonHyperparameters(_Strict):
     eval_steps: Annotated[int, Field(ge=0)] = 0
 
 
-class SupervisedHyperparameters(CommonHyperparameters):
+class _TextHyperparameters(CommonHyperparameters):
+    """Methods that train on given text (not on rollouts): sequences are truncated to `max_length`."""
+
+    max_length: Annotated[int, Field(ge=8, le=131072)] = 1024
+
+
+class SupervisedHyperparameters(_TextHyperparameters):
     packing: bool = False
 
 
-class DpoHyperparameters(CommonHyperparameters):
+class DpoHyperparameters(_TextHyperparameters):
     beta: Annotated[float, Field(gt=0, le=10)] | Auto = "auto"
     loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
     label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
@@ -79,8 +86,41 @@ class DpoHyperparameters(CommonHyperparameters):
     max_prompt_length: Annotated[int, Field(ge=1)] | None = None
 
 
-class RewardModelHyperparameters(CommonHyperparameters):
+class RewardModelHyperparameters(_TextHyperparameters):
     max_prompt_length: Annotated[int, Field(ge=1)] | None = None
+
+
+class _RLHyperparameters(CommonHyperparameters):
+    """Rollouts: prompts per step is `batch_size`."""
+
+    max_prompt_length: Annotated[int, Field(ge=1, le=131072)] = 512
+    max_completion_length: Annotated[int, Field(ge=1, le=32768)] = 64
+    temperature: Annotated[float, Field(gt=0, le=10)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+
+
+class GrpoHyperparameters(_RLHyperparameters):
+    num_generations: Annotated[int, Field(ge=2, le=256)] = 4
+    beta: Annotated[float, Field(ge=0, le=10)] = 0.0  # KL to the reference (k3); 0 = no reference pass
+    epsilon: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    epsilon_high: Annotated[float, Field(gt=0, lt=10)] | None = None
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    num_iterations: Annotated[int, Field(ge=1, le=64)] = 1
+    mask_truncated_completions: bool = False
+
+
+class PpoHyperparameters(_RLHyperparameters):
+    num_ppo_epochs: Annotated[int, Field(ge=1, le=64)] = 4
+    num_mini_batches: Annotated[int, Field(ge=1, le=1024)] = 1
+    kl_coef: Annotated[float, Field(ge=0, le=10)] = 0.05
+    gamma: Annotated[float, Field(gt=0, le=1)] = 1.0
+    lam: Annotated[float, Field(ge=0, le=1)] = 0.95
+    cliprange: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    cliprange_value: Annotated[float, Field(gt=0)] = 0.2
+    vf_coef: Annotated[float, Field(ge=0)] = 0.1
+    whiten_advantages: bool = True
+    missing_eos_penalty: float | None = None
 
 
 class SupervisedMethod(_Strict):
@@ -95,10 +135,18 @@ class RewardModelMethod(_Strict):
     hyperparameters: RewardModelHyperparameters = Field(default_factory=RewardModelHyperparameters)
 
 
-class OpaqueMethod(BaseModel):
-    """Methods whose trainers are not wired in yet: kept loose so the 400 names the method, not a field."""
+class GrpoMethod(_Strict):
+    """GRPO; also OpenAI's `reinforcement` method, which runs GRPO with its grader."""
 
-    model_config = ConfigDict(extra="allow")
+    grader: Grader
+    hyperparameters: GrpoHyperparameters = Field(default_factory=GrpoHyperparameters)
+
+
+class PpoMethod(_Strict):
+    """PPO; for a reward model, use a `score_model` grader naming a `reward_model` job's model."""
+
+    grader: Grader
+    hyperparameters: PpoHyperparameters = Field(default_factory=PpoHyperparameters)
 
 
 _BODIES: dict[str, type[BaseModel]] = {
@@ -113,18 +161,24 @@ class Method(_Strict):
     supervised: SupervisedMethod | None = None
     dpo: DpoMethod | None = None
     reward_model: RewardModelMethod | None = None
-    reinforcement: OpaqueMethod | None = None
-    grpo: OpaqueMethod | None = None
-    ppo: OpaqueMethod | None = None
+    reinforcement: GrpoMethod | None = None
+    grpo: GrpoMethod | None = None
+    ppo: PpoMethod | None = None
 
     @model_validator(mode="after")
     def _one_body(self) -> Method:
         for other in METHOD_TYPES:
             if other != self.type and getattr(self, other) is not None:
                 raise ValueError(f"method.{other} given but method.type is '{self.type}'")
-        if self.type in _BODIES and getattr(self, self.type) is None:
+        if getattr(self, self.type) is None:
+            if self.type not in _BODIES:
+                raise ValueError(f"method.{self.type} with a 'grader' is required for method '{self.type}'")
             setattr(self, self.type, _BODIES[self.type]())
         return self
+
+    @property
+    def grader(self) -> BaseModel | None:
+        return getattr(getattr(self, self.type), "grader", None)
 
     @property
     def hyperparameters(self) -> CommonHyperparameters:

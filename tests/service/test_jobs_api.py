@@ -82,7 +82,18 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
         ),
         ({"surprise": True}, "surprise"),
         ({"method": {"type": "teleport"}}, "method.type"),
-        ({"method": {"type": "grpo", "grpo": {}}}, "method.type"),
+        ({"method": {"type": "grpo", "grpo": {}}}, "method.grpo.grader"),
+        (
+            {
+                "method": {
+                    "type": "grpo",
+                    "grpo": {
+                        "grader": {"type": "string_check", "operation": "is", "input": "x", "reference": "y"}
+                    },
+                }
+            },
+            "method.grpo.grader.string_check.operation",
+        ),
         (
             {"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}},
             "method.dpo.hyperparameters.beta",
@@ -120,6 +131,72 @@ def test_method_needs_matching_file_format(client: httpx.Client, train_file: str
     job = _create(client, model=MODEL, training_file=preference, method={"type": "dpo"}).json()
     assert job["method"]["dpo"]["hyperparameters"]["beta"] == 0.1
     assert job["method"]["dpo"]["hyperparameters"]["batch_size"] == 2
+
+
+RL_PROMPTS = [{"prompt": "Say yes", "answer": "yes"}] * 8
+CHECK = {
+    "type": "string_check",
+    "name": "yes",
+    "operation": "ilike",
+    "input": "{{sample.output_text}}",
+    "reference": "{{item.answer}}",
+}
+
+
+def test_rl_methods_validate_graders(client: httpx.Client, train_file: str) -> None:
+    prompts = upload_ok(client, RL_PROMPTS)
+    for method_type in ("grpo", "reinforcement", "ppo"):
+        ok = _create(
+            client,
+            model=MODEL,
+            training_file=prompts,
+            method={"type": method_type, method_type: {"grader": CHECK}},
+        )
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["method"][method_type]["grader"]["operation"] == "ilike"
+        # a chat (SFT) file is the wrong format for RL
+        error = _error(
+            _create(
+                client,
+                model=MODEL,
+                training_file=train_file,
+                method={"type": method_type, method_type: {"grader": CHECK}},
+            )
+        )
+        assert error["param"] == "training_file"
+
+    python = {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}
+    error = _error(
+        _create(
+            client, model=MODEL, training_file=prompts, method={"type": "grpo", "grpo": {"grader": python}}
+        )
+    )
+    assert error["code"] == "python_grader_disabled" and error["param"] == "method.grpo.grader.type"
+
+    score = {"type": "score_model", "name": "rm", "model": "ft:tunehouse/tiny-llama:x::ftjob-nope"}
+    error = _error(
+        _create(client, model=MODEL, training_file=prompts, method={"type": "ppo", "ppo": {"grader": score}})
+    )
+    assert error["param"] == "method.ppo.grader.model"
+
+    multi = {"type": "multi", "graders": {"a": CHECK}, "calculate_output": "a + b"}
+    error = _error(
+        _create(
+            client, model=MODEL, training_file=prompts, method={"type": "grpo", "grpo": {"grader": multi}}
+        )
+    )
+    assert "calculate_output names 'b'" in error["message"]
+
+    error = _error(
+        _create(
+            client,
+            model=MODEL,
+            training_file=prompts,
+            validation_file=prompts,
+            method={"type": "grpo", "grpo": {"grader": CHECK}},
+        )
+    )
+    assert error["param"] == "validation_file"
 
 
 def test_list_pagination_and_metadata_filter(client: httpx.Client, train_file: str) -> None:

@@ -6,13 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from service.jobs.spec import RUNNABLE_METHODS, Method, learning_rate, resolve_hyperparameters
+from service.jobs.spec import RL_METHODS, RUNNABLE_METHODS, Method, learning_rate, resolve_hyperparameters
 from worker.methods import RunInputs, build_config, config_class
 
 
 @pytest.mark.parametrize("method_type", RUNNABLE_METHODS)
 def test_every_hyperparameter_reaches_the_trainer_config(method_type: str) -> None:
-    method = Method.model_validate({"type": method_type})
+    body = {
+        "grader": {
+            "type": "string_check",
+            "operation": "eq",
+            "input": "{{sample.output_text}}",
+            "reference": "a",
+        }
+    }
+    method = Method.model_validate(
+        {"type": method_type, method_type: body if method_type in RL_METHODS else {}}
+    )
     resolve_hyperparameters(method, n_examples=64)
     inputs = RunInputs(
         model_path="m", output_dir=Path("/tmp/out"), seed=3, resume_from=None, train_rows=[], valid_rows=None

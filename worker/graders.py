@@ -1,0 +1,45 @@
+"""An RL job's grader as reward functions: model names become local paths, then
+trainers.rewards.build_grader does the rest (with the operator's Python-grader policy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.config import Settings
+from service.jobs.spec import Method
+from service.storage import LocalBlobStore
+from worker.models import resolve_model_path
+
+
+def _resolve_models(spec: dict[str, Any], resolve: Any, param: str) -> dict[str, Any]:
+    if spec.get("type") == "score_model":
+        return {**spec, "model": resolve(spec["model"], f"{param}.model")}
+    if spec.get("type") == "multi":
+        graders = {k: _resolve_models(g, resolve, f"{param}.graders.{k}") for k, g in spec["graders"].items()}
+        return {**spec, "graders": graders}
+    return spec
+
+
+def reward_functions(
+    method: Method, *, settings: Settings, blobs: LocalBlobStore, tenant_id: str
+) -> tuple[list[Any], list[str]]:
+    if method.grader is None:
+        return [], []
+    from trainers.rewards import build_grader
+
+    param = f"method.{method.type}.grader"
+
+    def resolve(name: str, where: str) -> str:
+        return resolve_model_path(
+            settings, blobs, tenant_id=tenant_id, name=name, param=where, reward_model=True
+        )
+
+    spec = _resolve_models(method.grader.model_dump(mode="json"), resolve, param)
+    grader = build_grader(
+        spec,
+        allow_python=settings.allow_python_grader,
+        python_timeout=settings.python_grader_timeout_seconds,
+        python_memory_mb=settings.python_grader_memory_mb,
+        param=param,
+    )
+    return [grader], [str(spec.get("name", "grader"))]
