@@ -57,6 +57,13 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
             f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}/metrics", headers=headers
         ).json()["data"]
         assert metrics[-1]["loss"] < metrics[0]["loss"]
+        # the live stream works without Redis too (the API polls the DB)
+        import tunehouse
+
+        with tunehouse.Client(base_url=f"http://127.0.0.1:{port}", api_key=key.group(1)) as client:
+            items = list(client.fine_tuning.jobs.stream(jobs[0]["id"]))
+        assert isinstance(items[-1], tunehouse.StreamEnd) and items[-1].status == "succeeded"
+        assert [i.step for i in items if isinstance(i, tunehouse.MetricRow)] == [m["step"] for m in metrics]
         # the embedded default really is embedded: SQLite file, filesystem broker, blob folder
         data = tmp_path / "data"
         assert (data / "tunehouse.sqlite").exists() and (data / "broker").is_dir()
