@@ -9,22 +9,15 @@ from fastapi import Depends
 from sqlalchemy.orm import Session
 
 from service.config import Settings, get_settings
-from service.db import get_sessionmaker
+from service.db import session_scope
 
 
 def _session() -> Iterator[Session]:
     # Commit after the route function returns but before the response is sent (scope="function"),
     # so a client never sees 200 for something that was not stored. Tasks queued during the request
     # are sent by service.queue only after this commit, and dropped on rollback.
-    session = get_sessionmaker()()
-    try:
+    with session_scope() as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 SessionDep = Annotated[Session, Depends(_session, scope="function")]

@@ -159,7 +159,7 @@ def test_connection_error_is_typed() -> None:
         client.files.list()
 
 
-def test_stream_wait_metrics_and_download(stack_sdk: tunehouse.Client, tmp_path: Path) -> None:
+def test_stream_wait_metrics_and_download(stack_sdk: tunehouse.Client, api_key: str, tmp_path: Path) -> None:
     f = stack_sdk.files.create(file=jsonl(chat_rows(16)))
     job = stack_sdk.fine_tuning.jobs.create(
         model=MODEL,
@@ -186,6 +186,12 @@ def test_stream_wait_metrics_and_download(stack_sdk: tunehouse.Client, tmp_path:
     with tarfile.open(path) as tar:
         assert "model.safetensors" in tar.getnames()
 
+    async def async_download() -> Path:
+        async with tunehouse.AsyncClient(base_url=stack_sdk.base_url, api_key=api_key) as client:
+            return await client.fine_tuning.jobs.checkpoints.download(job.id, final.id, tmp_path / "a.tar")
+
+    assert asyncio.run(async_download()).read_bytes() == path.read_bytes()
+
 
 def test_async_client(api_url: str, api_key: str) -> None:
     async def flow() -> None:
@@ -195,7 +201,10 @@ def test_async_client(api_url: str, api_key: str) -> None:
             assert (await client.fine_tuning.jobs.retrieve(job.id)).status == "queued"
             page = await client.fine_tuning.jobs.list(limit=1)
             assert [j.id async for j in page] == [job.id]
+            with pytest.raises(tunehouse.BadRequestError):
+                await client.fine_tuning.jobs.pause(job.id)
             assert (await client.fine_tuning.jobs.cancel(job.id)).status == "cancelled"
+            assert [e.message async for e in await client.fine_tuning.jobs.list_events(job.id, limit=1)][-1]
             with pytest.raises(tunehouse.NotFoundError):
                 await client.files.retrieve("file-missing")
 

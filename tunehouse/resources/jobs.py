@@ -3,6 +3,7 @@ follow them live (`stream`) or block until they end (`wait`)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -35,6 +36,11 @@ def _params(**fields: Any) -> dict[str, Any]:
     for key, value in (fields.get("metadata") or {}).items():
         params[f"metadata[{key}]"] = value
     return params
+
+
+def _content_length(response: httpx.Response) -> int | None:
+    raw = response.headers.get("content-length")
+    return int(raw) if raw and raw.isdigit() else None
 
 
 def _headers(last_event_id: str | None) -> dict[str, str]:
@@ -74,9 +80,7 @@ class Checkpoints:
                 if not response.is_success:
                     response.read()
                     raise status_error(response)
-                total = (
-                    int(response.headers["content-length"]) if "content-length" in response.headers else None
-                )
+                total = _content_length(response)
                 done = 0
                 with tmp.open("wb") as fh:
                     for chunk in response.iter_bytes(1024 * 1024):
@@ -241,6 +245,37 @@ class AsyncCheckpoints:
             lambda cursor: self.list(job_id, after=cursor, limit=limit),
         )
 
+    async def download(
+        self,
+        job_id: str,
+        checkpoint_id: str,
+        path: str | Path,
+        *,
+        progress: Callable[[int, int | None], None] | None = None,
+    ) -> Path:
+        """Stream a checkpoint (a tar of the Hugging Face model folder) to `path`; `progress(done, total)`."""
+        dest = Path(path)
+        tmp = dest.with_name(dest.name + ".part")
+        url = f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
+        try:
+            async with self._t.http.stream("GET", url) as response:
+                if not response.is_success:
+                    await response.aread()
+                    raise status_error(response)
+                total = _content_length(response)
+                done = 0
+                with tmp.open("wb") as fh:
+                    async for chunk in response.aiter_bytes(1024 * 1024):
+                        fh.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, total)
+        except httpx.TransportError as exc:
+            tmp.unlink(missing_ok=True)
+            raise connection_error(exc) from exc
+        tmp.replace(dest)
+        return dest
+
 
 class AsyncJobs:
     def __init__(self, transport: AsyncTransport) -> None:
@@ -268,6 +303,12 @@ class AsyncJobs:
 
     async def cancel(self, job_id: str) -> FineTuningJob:
         return FineTuningJob.model_validate((await self._t.request("POST", f"{JOBS}/{job_id}/cancel")).json())
+
+    async def pause(self, job_id: str) -> FineTuningJob:
+        return FineTuningJob.model_validate((await self._t.request("POST", f"{JOBS}/{job_id}/pause")).json())
+
+    async def resume(self, job_id: str) -> FineTuningJob:
+        return FineTuningJob.model_validate((await self._t.request("POST", f"{JOBS}/{job_id}/resume")).json())
 
     async def list_events(
         self, job_id: str, *, after: str | None = None, limit: int | None = None
@@ -323,8 +364,6 @@ class AsyncJobs:
                 if delay is None:
                     raise connection_error(exc) from exc
                 reconnects += 1
-                import asyncio
-
                 await asyncio.sleep(delay)
                 continue
             raise APIConnectionError("the stream ended before the job did")
