@@ -111,8 +111,12 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
                         continue
                     row = json.loads(message["data"])
                     step = int(row["step"])
+                    if step > cursor.metric_step + 1:
+                        # a gap: a message was missed (e.g. published before our subscription took
+                        # effect); the DB has every row, so read it rather than skip a step for good
+                        break
                     # a step is sent once, except an evaluation that lands on a step already sent
-                    if step > cursor.metric_step or (step == cursor.metric_step and "valid_loss" in row):
+                    if step == cursor.metric_step + 1 or (step == cursor.metric_step and "valid_loss" in row):
                         cursor.metric_step = step
                         last_sent = time.monotonic()
                         yield _frame("metrics", cursor, {"object": "fine_tuning.job.metric", **row})
