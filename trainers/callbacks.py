@@ -39,10 +39,16 @@ class TrainingCallbacks(Protocol):
 
     def on_step(self, row: dict[str, float]) -> None:
         """After every optimizer step. Keys: step (1-based), epoch, loss, learning_rate, grad_norm (before
-        clipping), tokens_per_second, mean_token_accuracy, trained_tokens (cumulative), total_steps."""
+        clipping), tokens_per_second, trained_tokens (cumulative), total_steps; the method's metrics ride
+        in the same row: mean_token_accuracy (SFT); rewards/chosen, rewards/rejected, rewards/accuracies,
+        rewards/margins, logps/* (DPO); accuracy, rewards/* (reward model); for the RL methods the
+        rollout's reward (GRPO) or score (PPO), kl, completions/*, rewards/{name}/mean, and the loss
+        statistics (clip_ratio, entropy for GRPO; policy_loss, value_loss, approx_kl, clip_fraction,
+        entropy for PPO)."""
 
     def on_eval(self, row: dict[str, float]) -> None:
-        """Keys: step, epoch, valid_loss, valid_mean_token_accuracy."""
+        """Keys: step, epoch, valid_loss, and valid_{name} for each of the method's loss metrics (e.g.
+        valid_mean_token_accuracy for SFT, valid_accuracy for the reward model)."""
 
     def on_epoch_end(self, *, epoch: int, step: int) -> None:
         """``epoch``: the number of epochs completed (1 after the first)."""

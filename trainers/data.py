@@ -16,10 +16,11 @@ Examples are truncated to ``max_length``; those left with no trainable token are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
@@ -58,6 +59,43 @@ def detect_format(row: Mapping[str, Any]) -> RowFormat | None:
     return None
 
 
+FormatT = TypeVar("FormatT", bound=StrEnum)
+
+
+def first_row_format(
+    rows: Sequence[Any], detect: Callable[[Mapping[str, Any]], FormatT | None], *, expected: str, param: str
+) -> FormatT:
+    """The format of ``rows[0]``; ``DataError`` when there is no row or line 1 has none of ``expected``."""
+    if not rows:
+        raise DataError("the file has no examples", param=param)
+    fmt = detect(rows[0]) if isinstance(rows[0], Mapping) else None
+    if fmt is None:
+        raise DataError(f"line 1: expected {expected}", param=param)
+    return fmt
+
+
+def rows_in_format(
+    rows: Sequence[Any], detect: Callable[[Mapping[str, Any]], FormatT | None], fmt: FormatT, *, param: str
+) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """``(line, row)`` for each row (lines from 1); ``DataError`` on reaching a row not in ``fmt``."""
+    for line, row in enumerate(rows, start=1):
+        if not isinstance(row, Mapping) or detect(row) is not fmt:
+            raise DataError(f"line {line}: every row must have the {fmt.value} format of line 1", param=param)
+        yield line, row
+
+
+@contextmanager
+def row_errors(line: int, fmt: StrEnum, *, param: str) -> Iterator[None]:
+    """Re-raise what a malformed row raises (``DataError``, or the template's errors) as a ``DataError``
+    naming the line."""
+    try:
+        yield
+    except DataError as exc:
+        raise DataError(f"line {line}: {exc.message}", param=param) from exc
+    except (TypeError, KeyError, TemplateError) as exc:  # the template may reject e.g. the role order
+        raise DataError(f"line {line}: malformed {fmt.value} row ({exc})", param=param) from exc
+
+
 def tokenize_sft_rows(
     rows: Sequence[Mapping[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
@@ -66,25 +104,15 @@ def tokenize_sft_rows(
     param: str = "training_file",
 ) -> list[TokenizedExample]:
     """Tokenize, mask, truncate and filter ``rows``; raise ``DataError`` if nothing trainable remains."""
-    if not rows:
-        raise DataError("the file has no examples", param=param)
-    fmt = detect_format(rows[0]) if isinstance(rows[0], Mapping) else None
-    if fmt is None:
-        raise DataError(
-            'line 1: expected {"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
-        )
+    fmt = first_row_format(
+        rows, detect_format, expected='{"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
+    )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     examples: list[TokenizedExample] = []
     n_truncated_away = 0
-    for line, row in enumerate(rows, start=1):
-        if not isinstance(row, Mapping) or detect_format(row) is not fmt:
-            raise DataError(f"line {line}: every row must have the {fmt.value} format of line 1", param=param)
-        try:
+    for line, row in rows_in_format(rows, detect_format, fmt, param=param):
+        with row_errors(line, fmt, param=param):
             full = _tokenize(_segments(row, fmt, tokenizer, bos, eos), tokenizer)
-        except DataError as exc:
-            raise DataError(f"line {line}: {exc.message}", param=param) from exc
-        except (TypeError, KeyError, TemplateError) as exc:  # the template may reject e.g. the role order
-            raise DataError(f"line {line}: malformed {fmt.value} row ({exc})", param=param) from exc
         example = TokenizedExample(full.input_ids[:max_length], full.loss_mask[:max_length])
         if example.n_trainable > 0:
             examples.append(example)

@@ -35,9 +35,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
+from trainers.config import TrainingConfig
 from trainers.errors import DataError
 from trainers.loop import LossSums, PreparedStep, TrainingTask, run_training
-from trainers.modeling import PRECISIONS, load_model, load_tokenizer, pick_device
+from trainers.modeling import load_model, load_tokenizer, pick_device
 from trainers.rewards import RewardFunc, reward_name
 from trainers.rng import seed_everything
 from trainers.rollout import (
@@ -50,25 +51,17 @@ from trainers.rollout import (
     tokenize_rl_rows,
     trim_left_padding,
 )
-from trainers.schedule import SCHEDULES
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
 
 
 @dataclass
-class GRPOConfig:
-    """Configuration of a GRPO run.
-
-    Model (as ``trainers.sft.SFTConfig``): model_path, output_dir, use_lora, lora_r, lora_alpha,
-        lora_dropout, lora_target_modules, gradient_checkpointing.
+class GRPOConfig(TrainingConfig):
+    """Configuration of a GRPO run: the shared fields of ``trainers.config.TrainingConfig``, plus
 
     Data:
         max_prompt_length: prompts keep their last this many tokens.
-
-    Optimisation (as SFTConfig): n_epochs, batch_size (prompts per micro-batch, each with
-        ``num_generations`` completions), gradient_accumulation_steps, learning_rate, lr_scheduler,
-        warmup_ratio, weight_decay, max_grad_norm, mixed_precision, seed, max_steps.
 
     Method:
         num_generations: completions sampled per prompt (G); the advantage compares them.
@@ -84,33 +77,12 @@ class GRPOConfig:
         num_iterations: optimizer steps per rollout (μ); > 1 keeps the rollout's log-probs as π_old.
         mask_truncated_completions: completions without EOS get no loss.
 
-    Run control (as SFTConfig): save_steps, eval_steps (unused: GRPO has no validation loss yet),
-        resume_from.
+    Shared fields as GRPO reads them: ``batch_size`` counts prompts per micro-batch, each with
+    ``num_generations`` completions; ``eval_steps`` is unused (GRPO has no validation loss yet).
     """
 
-    model_path: str
-    output_dir: str
-    use_lora: bool = True
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] | None = None
-    max_prompt_length: int = 512
-    n_epochs: int = 1
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
     learning_rate: float = 1e-5
-    lr_scheduler: str = "linear"
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    mixed_precision: str = "auto"
-    gradient_checkpointing: bool = False
-    seed: int = 42
-    max_steps: int | None = None
-    save_steps: int = 0
-    eval_steps: int = 0
-    resume_from: str | None = None
+    max_prompt_length: int = 512
     num_generations: int = 4
     max_completion_length: int = 64
     temperature: float = 1.0
@@ -123,22 +95,11 @@ class GRPOConfig:
     num_iterations: int = 1
     mask_truncated_completions: bool = False
 
-    def validate(self) -> None:
-        """Raise ``DataError`` naming the first hyperparameter out of range."""
-        checks = {
-            "lora_r": self.lora_r >= 1,
-            "max_prompt_length": self.max_prompt_length >= 1,
-            "n_epochs": self.n_epochs >= 1,
-            "batch_size": self.batch_size >= 1,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps >= 1,
-            "learning_rate": self.learning_rate > 0,
-            "lr_scheduler": self.lr_scheduler in SCHEDULES,
-            "warmup_ratio": 0.0 <= self.warmup_ratio <= 1.0,
-            "weight_decay": self.weight_decay >= 0,
-            "mixed_precision": self.mixed_precision in PRECISIONS,
-            "max_steps": self.max_steps is None or self.max_steps >= 1,
-            "save_steps": self.save_steps >= 0,
-            "eval_steps": self.eval_steps >= 0,
+    def _data_checks(self) -> dict[str, bool]:
+        return {"max_prompt_length": self.max_prompt_length >= 1}
+
+    def _method_checks(self) -> dict[str, bool]:
+        return {
             "num_generations": self.num_generations >= 2,
             "max_completion_length": self.max_completion_length >= 1,
             "temperature": self.temperature > 0,
@@ -150,11 +111,6 @@ class GRPOConfig:
             "scale_rewards": self.scale_rewards in SCALE_REWARDS,
             "num_iterations": self.num_iterations >= 1,
         }
-        for name, ok in checks.items():
-            if not ok:
-                raise DataError(
-                    f"{name}={getattr(self, name)!r} is out of range", param=f"hyperparameters.{name}"
-                )
 
 
 # -- pure functions -------------------------------------------------------------------------------------

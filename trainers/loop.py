@@ -56,7 +56,7 @@ __all__ = [
 
 
 class LoopSettings(Protocol):
-    """The optimisation fields every method config has (see ``trainers.sft.SFTConfig``)."""
+    """The optimisation fields every method config has (see ``trainers.config.TrainingConfig``)."""
 
     output_dir: str
     n_epochs: int

@@ -38,9 +38,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
+from trainers.config import TrainingConfig
 from trainers.errors import DataError
 from trainers.loop import LossSums, PreparedStep, TrainingTask, run_training
-from trainers.modeling import PRECISIONS, load_model, load_tokenizer, pick_device
+from trainers.modeling import load_model, load_tokenizer, pick_device
 from trainers.rewards import RewardFunc, ScoreModel, reward_name
 from trainers.rng import seed_everything
 from trainers.rollout import (
@@ -53,22 +54,14 @@ from trainers.rollout import (
     tokenize_rl_rows,
     trim_left_padding,
 )
-from trainers.schedule import SCHEDULES
 
 
 @dataclass
-class PPOConfig:
-    """Configuration of a PPO run.
-
-    Model (as ``trainers.sft.SFTConfig``): model_path, output_dir, use_lora, lora_r, lora_alpha,
-        lora_dropout, lora_target_modules, gradient_checkpointing.
+class PPOConfig(TrainingConfig):
+    """Configuration of a PPO run: the shared fields of ``trainers.config.TrainingConfig``, plus
 
     Data:
         max_prompt_length: prompts keep their last this many tokens.
-
-    Optimisation (as SFTConfig): n_epochs, batch_size (prompts per micro-batch), gradient_accumulation_steps,
-        learning_rate, lr_scheduler, warmup_ratio, weight_decay, max_grad_norm, mixed_precision, seed,
-        max_steps (optimizer steps: each rollout makes ``num_ppo_epochs * num_mini_batches`` of them).
 
     Method:
         max_completion_length, temperature, top_p: sampling (one completion per prompt).
@@ -81,32 +74,13 @@ class PPOConfig:
         whiten_advantages: normalise advantages to mean 0, std 1 over the rollout's tokens.
         missing_eos_penalty: subtracted from the score of completions without EOS (None: nothing).
 
-    Run control (as SFTConfig): save_steps, eval_steps (unused), resume_from.
+    Shared fields as PPO reads them: ``batch_size`` counts prompts per micro-batch; ``max_steps`` counts
+    optimizer steps, each rollout making ``num_ppo_epochs * num_mini_batches`` of them; ``eval_steps``
+    is unused.
     """
 
-    model_path: str
-    output_dir: str
-    use_lora: bool = True
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] | None = None
-    max_prompt_length: int = 512
-    n_epochs: int = 1
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
     learning_rate: float = 3e-6
-    lr_scheduler: str = "linear"
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    mixed_precision: str = "auto"
-    gradient_checkpointing: bool = False
-    seed: int = 42
-    max_steps: int | None = None
-    save_steps: int = 0
-    eval_steps: int = 0
-    resume_from: str | None = None
+    max_prompt_length: int = 512
     max_completion_length: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -121,23 +95,12 @@ class PPOConfig:
     whiten_advantages: bool = True
     missing_eos_penalty: float | None = None
 
-    def validate(self) -> None:
-        """Raise ``DataError`` naming the first hyperparameter out of range."""
+    def _data_checks(self) -> dict[str, bool]:
+        return {"max_prompt_length": self.max_prompt_length >= 1}
+
+    def _method_checks(self) -> dict[str, bool]:
         rollout = self.batch_size * self.gradient_accumulation_steps
-        checks = {
-            "lora_r": self.lora_r >= 1,
-            "max_prompt_length": self.max_prompt_length >= 1,
-            "n_epochs": self.n_epochs >= 1,
-            "batch_size": self.batch_size >= 1,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps >= 1,
-            "learning_rate": self.learning_rate > 0,
-            "lr_scheduler": self.lr_scheduler in SCHEDULES,
-            "warmup_ratio": 0.0 <= self.warmup_ratio <= 1.0,
-            "weight_decay": self.weight_decay >= 0,
-            "mixed_precision": self.mixed_precision in PRECISIONS,
-            "max_steps": self.max_steps is None or self.max_steps >= 1,
-            "save_steps": self.save_steps >= 0,
-            "eval_steps": self.eval_steps >= 0,
+        return {
             "max_completion_length": self.max_completion_length >= 1,
             "temperature": self.temperature > 0,
             "top_p": 0.0 < self.top_p <= 1.0,
@@ -150,11 +113,6 @@ class PPOConfig:
             "cliprange_value": self.cliprange_value > 0,
             "vf_coef": self.vf_coef >= 0,
         }
-        for name, ok in checks.items():
-            if not ok:
-                raise DataError(
-                    f"{name}={getattr(self, name)!r} is out of range", param=f"hyperparameters.{name}"
-                )
 
 
 # -- pure functions -------------------------------------------------------------------------------------

@@ -27,10 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 import torch
-from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from trainers.data import _bos_text, _eos_text
+from trainers.data import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
 from trainers.errors import DataError
 
 __all__ = [
@@ -81,28 +80,19 @@ def tokenize_preference_rows(
     param: str = "training_file",
 ) -> list[PreferenceExample]:
     """Tokenize and truncate ``rows``; raise ``DataError`` (with ``param``) when no usable pair remains."""
-    if not rows:
-        raise DataError("the file has no examples", param=param)
-    fmt = detect_preference_format(rows[0]) if isinstance(rows[0], Mapping) else None
-    if fmt is None:
-        raise DataError(
-            'line 1: expected {"input", "preferred_output", "non_preferred_output"} or '
-            '{"prompt", "chosen", "rejected"}',
-            param=param,
-        )
+    fmt = first_row_format(
+        rows,
+        detect_preference_format,
+        expected='{"input", "preferred_output", "non_preferred_output"} or {"prompt", "chosen", "rejected"}',
+        param=param,
+    )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     examples: list[PreferenceExample] = []
     n_truncated_away = 0
-    for line, row in enumerate(rows, start=1):
-        if not isinstance(row, Mapping) or detect_preference_format(row) is not fmt:
-            raise DataError(f"line {line}: every row must have the {fmt.value} format of line 1", param=param)
-        try:
+    for line, row in rows_in_format(rows, detect_preference_format, fmt, param=param):
+        with row_errors(line, fmt, param=param):
             prompt, chosen, rejected = _texts(row, fmt, tokenizer, bos, eos)
             margin = _margin(row.get("margin", 0.0))
-        except DataError as exc:
-            raise DataError(f"line {line}: {exc.message}", param=param) from exc
-        except (TypeError, KeyError, TemplateError) as exc:  # the template may reject e.g. the role order
-            raise DataError(f"line {line}: malformed {fmt.value} row ({exc})", param=param) from exc
         prompt_ids = _encode(tokenizer, prompt)
         chosen_ids, rejected_ids = _encode(tokenizer, chosen), _encode(tokenizer, rejected)
         if not chosen_ids or not rejected_ids:

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
-from trainers.errors import DataError
+from trainers.config import TrainingConfig
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.modeling import PRECISIONS, load_sequence_classifier, load_tokenizer, pick_device
+from trainers.modeling import load_sequence_classifier, load_tokenizer, pick_device
 from trainers.preference_data import (
     PreferenceBatch,
     collate_preferences,
@@ -37,99 +37,36 @@ from trainers.preference_data import (
     tokenize_preference_rows,
 )
 from trainers.rng import seed_everything
-from trainers.schedule import SCHEDULES
 
 RewardScorer = Callable[[list[str], list[str]], list[float]]
 
 
 @dataclass
-class RewardModelConfig:
-    """Configuration of a reward-model run.
-
-    Model:
-        model_path: a causal LM folder (or a hub id where the host is online); a scalar ``score`` head is
-            added on top of it.
-        output_dir: local folder that receives ``checkpoint-{step:06d}/`` folders.
-        use_lora: train a LoRA adapter plus the whole head (merged for the final checkpoint) instead of all
-            weights.
-        lora_r, lora_alpha, lora_dropout: LoRA rank, scaling numerator (scale = alpha / r) and dropout.
-        lora_target_modules: module names to adapt; None adapts every linear layer but the head.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
+class RewardModelConfig(TrainingConfig):
+    """Configuration of a reward-model run: the shared fields of ``trainers.config.TrainingConfig``, plus
 
     Data:
         max_length: prompt + completion is truncated to this many tokens; a pair left with no chosen or
             no rejected token is dropped. Rows may carry a numeric ``margin`` (default 0).
         max_prompt_length: the prompt is first cut to its last this many tokens (None: not cut).
 
-    Optimisation:
-        n_epochs: passes over the training pairs.
-        batch_size: pairs per forward pass (micro-batch); the forward pass sees 2 * batch_size sequences.
-        gradient_accumulation_steps: micro-batches per optimizer step.
-        learning_rate: peak AdamW learning rate.
-        lr_scheduler: ``linear`` | ``cosine`` (decay to 0) | ``constant``, after linear warmup.
-        warmup_ratio: fraction of the optimizer steps spent warming up from 0.
-        weight_decay: AdamW decoupled weight decay, on matrices only.
-        max_grad_norm: clip the global gradient norm to this (<= 0: no clipping).
-        mixed_precision: ``auto`` (bf16 on CUDA if supported, else none) | ``no`` | ``bf16`` | ``fp16``;
-            CPU always trains in plain fp32.
-        seed: seeds the head's and LoRA's initialisation, dropout and the data order.
-        max_steps: cap on the number of optimizer steps (None: ``n_epochs`` full epochs).
-
-    Run control:
-        save_steps: write a resumable checkpoint every N optimizer steps; 0 writes only the final one.
-        eval_steps: compute ``valid_loss`` and ``valid_accuracy`` every N steps when validation rows are
-            given; 0 does it at the end of each epoch (and always after the last step).
-        resume_from: a checkpoint folder written by this library; training continues from it exactly.
+    Shared fields as the reward model reads them: ``model_path`` is a causal LM on which a scalar
+    ``score`` head is added; ``use_lora`` trains a LoRA adapter plus the whole head (merged for the final
+    checkpoint), and ``lora_target_modules=None`` adapts every linear layer but the head. ``n_epochs``
+    passes over the training pairs; ``batch_size`` counts pairs, so the forward pass sees 2 * batch_size
+    sequences. ``seed`` also seeds the head's initialisation. ``eval_steps`` also paces
+    ``valid_accuracy``.
     """
 
-    model_path: str
-    output_dir: str
-    use_lora: bool = True
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] | None = None
+    learning_rate: float = 1e-4
     max_length: int = 1024
     max_prompt_length: int | None = None
-    n_epochs: int = 1
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-4
-    lr_scheduler: str = "linear"
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    mixed_precision: str = "auto"
-    gradient_checkpointing: bool = False
-    seed: int = 42
-    max_steps: int | None = None
-    save_steps: int = 0
-    eval_steps: int = 0
-    resume_from: str | None = None
 
-    def validate(self) -> None:
-        """Raise ``DataError`` naming the first hyperparameter out of range."""
-        checks = {
-            "lora_r": self.lora_r >= 1,
+    def _data_checks(self) -> dict[str, bool]:
+        return {
             "max_length": self.max_length >= 2,
             "max_prompt_length": self.max_prompt_length is None or self.max_prompt_length >= 1,
-            "n_epochs": self.n_epochs >= 1,
-            "batch_size": self.batch_size >= 1,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps >= 1,
-            "learning_rate": self.learning_rate > 0,
-            "lr_scheduler": self.lr_scheduler in SCHEDULES,
-            "warmup_ratio": 0.0 <= self.warmup_ratio <= 1.0,
-            "weight_decay": self.weight_decay >= 0,
-            "mixed_precision": self.mixed_precision in PRECISIONS,
-            "max_steps": self.max_steps is None or self.max_steps >= 1,
-            "save_steps": self.save_steps >= 0,
-            "eval_steps": self.eval_steps >= 0,
         }
-        for name, ok in checks.items():
-            if not ok:
-                raise DataError(
-                    f"{name}={getattr(self, name)!r} is out of range", param=f"hyperparameters.{name}"
-                )
 
 
 def pairwise_loss(
