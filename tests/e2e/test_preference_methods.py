@@ -39,7 +39,11 @@ def _run(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], li
     assert created.status_code == 200, created.text
     job = wait_for(client, created.json()["id"])
     assert job["status"] == "succeeded", job
-    return job, all_pages(client, f"/v1/fine_tuning/jobs/{job['id']}/metrics")
+    metrics = all_pages(client, f"/v1/fine_tuning/jobs/{job['id']}/metrics")
+    print(
+        f"\n{body['method']['type']}: first {metrics[0]}\n{body['method']['type']}: last {metrics[-1]}"
+    )  # `-s` shows it
+    return job, metrics
 
 
 def _download_final(client: httpx.Client, job_id: str, dest: Path) -> Path:
