@@ -91,7 +91,9 @@ def run(job_id: str, worker_id: str) -> None:
         validation = session.get(File, job.validation_file) if job.validation_file else None
         session.expunge_all()
     method = load_method(job.method)
-    fine_tuned_model = f"ft:{job.model}:{job.tenant_id}:{job.suffix or ''}:{job.id}"
+    # like OpenAI, a model fine-tuned from a fine-tuned model is named after the original base
+    base = job.model.split(":")[1] if job.model.startswith("ft:") else job.model
+    fine_tuned_model = f"ft:{base}:{job.tenant_id}:{job.suffix or ''}:{job.id}"
     workdir = Path(tempfile.mkdtemp(dir=settings.data_dir, prefix=f"work-{job_id}-"))
     try:
         model_path = resolve_model_path(settings, blobs, tenant_id=job.tenant_id, name=job.model)

@@ -92,6 +92,7 @@ def test_dpo_job_on_a_fine_tuned_model(stack_client: httpx.Client) -> None:
     assert metrics[-1]["rewards/margins"] > metrics[0]["rewards/margins"]
     assert metrics[-1]["rewards/accuracies"] >= 0.75
     assert job["method"]["dpo"]["hyperparameters"]["beta"] == 0.5
+    assert job["fine_tuned_model"].startswith(f"ft:{MODEL}:") and job["model"] == sft["fine_tuned_model"]
 
 
 def test_reward_model_job_exports_a_classifier(stack_client: httpx.Client, tmp_path: Path) -> None:
