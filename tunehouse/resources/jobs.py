@@ -43,6 +43,41 @@ def _content_length(response: httpx.Response) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
 
 
+class _DownloadSink:
+    """Where a streamed checkpoint goes: `<path>.part`, renamed to `path` only when complete."""
+
+    def __init__(self, path: str | Path, progress: Callable[[int, int | None], None] | None) -> None:
+        self.dest = Path(path)
+        self.tmp = self.dest.with_name(self.dest.name + ".part")
+        self.progress = progress
+        self.done = 0
+        self.total: int | None = None
+        self.fh = self.tmp.open("wb")
+
+    def start(self, response: httpx.Response) -> None:
+        self.total = _content_length(response)
+
+    def write(self, chunk: bytes) -> None:
+        self.fh.write(chunk)
+        self.done += len(chunk)
+        if self.progress:
+            self.progress(self.done, self.total)
+
+    def finish(self) -> Path:
+        self.fh.close()
+        self.tmp.replace(self.dest)
+        return self.dest
+
+    def abort(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _decode(decoder: SSEDecoder, line: str) -> list[StreamItem]:
+    """The typed items one SSE line completes (usually none, at a blank line one)."""
+    return [item for sse in decoder.feed(line) if (item := to_item(sse)) is not None]
+
+
 def _headers(last_event_id: str | None) -> dict[str, str]:
     return {"Accept": "text/event-stream", **({"Last-Event-ID": last_event_id} if last_event_id else {})}
 
@@ -72,27 +107,24 @@ class Checkpoints:
         progress: Callable[[int, int | None], None] | None = None,
     ) -> Path:
         """Stream a checkpoint (a tar of the Hugging Face model folder) to `path`; `progress(done, total)`."""
-        dest = Path(path)
-        tmp = dest.with_name(dest.name + ".part")
-        url = f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
+        sink = _DownloadSink(path, progress)
         try:
-            with self._t.http.stream("GET", url) as response:
+            with self._t.http.stream(
+                "GET", f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
+            ) as response:
                 if not response.is_success:
                     response.read()
                     raise status_error(response)
-                total = _content_length(response)
-                done = 0
-                with tmp.open("wb") as fh:
-                    for chunk in response.iter_bytes(1024 * 1024):
-                        fh.write(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, total)
+                sink.start(response)
+                for chunk in response.iter_bytes(1024 * 1024):
+                    sink.write(chunk)
         except httpx.TransportError as exc:
-            tmp.unlink(missing_ok=True)
+            sink.abort()
             raise connection_error(exc) from exc
-        tmp.replace(dest)
-        return dest
+        except BaseException:
+            sink.abort()
+            raise
+        return sink.finish()
 
 
 class Jobs:
@@ -195,11 +227,9 @@ class Jobs:
                         response.read()
                         raise status_error(response)
                     for line in response.iter_lines():
-                        for sse in decoder.feed(line):
+                        for item in _decode(decoder, line):
                             reconnects = 0
-                            item = to_item(sse)
-                            if item is not None:
-                                yield item
+                            yield item
                             if isinstance(item, StreamEnd):
                                 return
             except httpx.TransportError as exc:
@@ -254,27 +284,23 @@ class AsyncCheckpoints:
         progress: Callable[[int, int | None], None] | None = None,
     ) -> Path:
         """Stream a checkpoint (a tar of the Hugging Face model folder) to `path`; `progress(done, total)`."""
-        dest = Path(path)
-        tmp = dest.with_name(dest.name + ".part")
-        url = f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
+        sink = _DownloadSink(path, progress)
         try:
+            url = f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
             async with self._t.http.stream("GET", url) as response:
                 if not response.is_success:
                     await response.aread()
                     raise status_error(response)
-                total = _content_length(response)
-                done = 0
-                with tmp.open("wb") as fh:
-                    async for chunk in response.aiter_bytes(1024 * 1024):
-                        fh.write(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, total)
+                sink.start(response)
+                async for chunk in response.aiter_bytes(1024 * 1024):
+                    sink.write(chunk)
         except httpx.TransportError as exc:
-            tmp.unlink(missing_ok=True)
+            sink.abort()
             raise connection_error(exc) from exc
-        tmp.replace(dest)
-        return dest
+        except BaseException:
+            sink.abort()
+            raise
+        return sink.finish()
 
 
 class AsyncJobs:
@@ -352,11 +378,9 @@ class AsyncJobs:
                         await response.aread()
                         raise status_error(response)
                     async for line in response.aiter_lines():
-                        for sse in decoder.feed(line):
+                        for item in _decode(decoder, line):
                             reconnects = 0
-                            item = to_item(sse)
-                            if item is not None:
-                                yield item
+                            yield item
                             if isinstance(item, StreamEnd):
                                 return
             except httpx.TransportError as exc:
