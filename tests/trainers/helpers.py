@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainers.loop import CheckpointInfo, NullCallbacks, StopRequest
 
 
@@ -37,3 +39,19 @@ class Recorder(NullCallbacks):
     @property
     def losses(self) -> list[float]:
         return [row["loss"] for row in self.steps]
+
+
+# A resume run that exercises every restored state: 2 rows a micro-batch, 2 micro-batches a step, so
+# 6 steps cross an epoch; warmup, a cosine schedule and weight decay make the scheduler and optimizer
+# states matter. Tests checkpoint at step 3 and compare steps 4-6 with an uninterrupted run.
+RESUME_RUN: dict[str, Any] = {
+    "batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "n_epochs": 2,
+    "max_steps": 6,
+    "save_steps": 3,
+    "warmup_ratio": 0.2,
+    "lr_scheduler": "cosine",
+    "weight_decay": 0.01,
+    "seed": 7,
+}

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedTokenizerBase
 from trl.trainer.dpo_trainer import DPOTrainer
 
-from tests.trainers.helpers import Recorder
+from tests.trainers.helpers import RESUME_RUN, Recorder
 from trainers.dpo import DPOConfig, DPOLoss, build_dpo_task, dpo_loss, policy_log_probs, train_dpo
 from trainers.errors import DataError
 from trainers.loop import run_training
@@ -380,17 +380,7 @@ def test_dpo_learns_a_separable_preference(
     )
 
 
-RESUME: dict[str, Any] = {
-    "batch_size": 2,
-    "gradient_accumulation_steps": 2,
-    "n_epochs": 2,
-    "max_steps": 6,
-    "save_steps": 3,
-    "warmup_ratio": 0.2,
-    "lr_scheduler": "cosine",
-    "weight_decay": 0.01,
-    "seed": 7,
-}
+RESUME = RESUME_RUN
 
 
 @pytest.mark.parametrize(

@@ -10,23 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainers.helpers import Recorder
+from tests.trainers.helpers import RESUME_RUN, Recorder
 from trainers.loop import StopRequest
 from trainers.sft import SFTConfig, train_sft
 
-# 16 rows, 2 per micro-batch, 2 micro-batches per step: 4 steps an epoch, so 6 steps cross an epoch.
-# LoRA dropout, warmup and a cosine schedule make sure RNG and scheduler states are restored too.
-RUN: dict[str, Any] = {
-    "batch_size": 2,
-    "gradient_accumulation_steps": 2,
-    "n_epochs": 2,
-    "max_steps": 6,
-    "save_steps": 3,
-    "warmup_ratio": 0.2,
-    "lr_scheduler": "cosine",
-    "weight_decay": 0.01,
-    "seed": 7,
-}
+RUN = RESUME_RUN
 
 
 @pytest.mark.parametrize(
