@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup run test lint format docs bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,7 +29,18 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+docs: setup
+	$(PY) -m trainers.method_docs README.md
+
+# mutation check, one module at a time (slow; not in .ci/run): make mutants MODULES="trainers/grpo.py"
+mutants: setup
+	$(PY) -m tests.mutants $(MODULES)
+
+# trainers vs TRL (bench/trainers_vs_trl.py; TRAINER_BENCH="--quick" for a few minutes on 2 cores,
+# TRAINER_BENCH="--skip" to leave it out), then the pytest benchmarks in bench/
+TRAINER_BENCH ?=
 bench: setup
+	$(if $(findstring --skip,$(TRAINER_BENCH)),,$(PY) -m bench.trainers_vs_trl $(TRAINER_BENCH))
 	$(PY) -m pytest bench -m slow -p no:cacheprovider $(ARGS)
 
 clean:

@@ -1,28 +1,42 @@
 """Bearer API keys. A key is `th-<lookup>-<secret>`: the lookup part finds the row, the sha256 of the
-whole key is compared in constant time, and only the hash is stored."""
+whole key is compared in constant time, and only the hash is stored.
+
+A key that authenticated is cached by each API process for `auth_cache_seconds` (5 s by default;
+service/key_cache.py): a key revoked with `tunehouse keys revoke` is refused by every running server
+within that time (at once by a process that revoked it itself), an expired one from the second it
+expires.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
+from service import key_cache
 from service.dependencies import SessionDep
-from service.errors import Unauthorized
-from service.ids import new_id
+from service.errors import NotFound, Unauthorized
+from service.ids import new_id, now
 from service.models import ApiKey, Tenant
+
+KEY_PREFIX = "th"
 
 
 def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_api_key(session: Session, *, tenant_name: str, key_name: str = "") -> tuple[Tenant, str]:
+def create_api_key(
+    session: Session, *, tenant_name: str, key_name: str = "", expires_in_seconds: int | None = None
+) -> tuple[Tenant, str]:
     """Create the tenant if needed and a new key for it; returns the key in clear, once."""
     tenant = session.scalar(select(Tenant).where(Tenant.name == tenant_name))
     if tenant is None:
@@ -30,35 +44,130 @@ def create_api_key(session: Session, *, tenant_name: str, key_name: str = "") ->
         session.add(tenant)
         session.flush()
     lookup = secrets.token_hex(8)
-    key = f"th-{lookup}-{secrets.token_urlsafe(32)}"
+    key = f"{KEY_PREFIX}-{lookup}-{secrets.token_urlsafe(32)}"
     session.add(
-        ApiKey(id=new_id("key"), tenant_id=tenant.id, lookup=lookup, key_hash=_hash(key), name=key_name)
+        ApiKey(
+            id=new_id("key"),
+            tenant_id=tenant.id,
+            lookup=lookup,
+            key_hash=_hash(key),
+            name=key_name,
+            expires_at=now() + expires_in_seconds if expires_in_seconds is not None else None,
+        )
     )
     session.flush()
     return tenant, key
 
 
-def tenant_for_key(session: Session, key: str) -> Tenant | None:
+def _lookup_part(key: str) -> str | None:
     parts = key.split("-", 2)
-    if len(parts) != 3 or parts[0] != "th":
-        return None
-    row = session.scalar(select(ApiKey).where(ApiKey.lookup == parts[1], ApiKey.revoked_at.is_(None)))
-    if row is None or not hmac.compare_digest(row.key_hash, _hash(key)):
-        return None
-    return session.get(Tenant, row.tenant_id)
+    return parts[1] if len(parts) >= 2 and parts[0] == KEY_PREFIX and parts[1] else None
 
 
-def _current_tenant(session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> Tenant:
-    if not authorization or not authorization.lower().startswith("bearer "):
+def authenticate(session: Session, key: str) -> Tenant:
+    """The tenant of a valid key; Unauthorized saying why otherwise (only once the secret matched)."""
+    lookup = _lookup_part(key)
+    key_hash = _hash(key)
+    cached = key_cache.get(lookup, key_hash) if lookup else None
+    if cached is not None:
+        return cached
+    row = session.scalar(select(ApiKey).where(ApiKey.lookup == lookup)) if lookup else None
+    if row is None or not hmac.compare_digest(row.key_hash, key_hash):
+        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+    if row.revoked_at is not None:
+        raise Unauthorized("This API key has been revoked.", code="invalid_api_key")
+    if row.expires_at is not None and row.expires_at <= now():
+        raise Unauthorized("This API key has expired.", code="expired_api_key")
+    tenant = session.get(Tenant, row.tenant_id)
+    if tenant is None:  # the tenant was deleted under the key (ON DELETE CASCADE makes this a race)
+        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+    key_cache.put(row.lookup, key_hash, row.expires_at, tenant)
+    return tenant
+
+
+def tenant_for_key(session: Session, key: str) -> Tenant | None:
+    try:
+        return authenticate(session, key)
+    except Unauthorized:
+        return None
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What an operator may see of a key: never the secret, nor its hash."""
+
+    id: str
+    tenant: str
+    tenant_id: str
+    name: str
+    prefix: str  # `th-<lookup>`, the public start of the key
+    created_at: int
+    expires_at: int | None
+    revoked_at: int | None
+
+    @property
+    def status(self) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now():
+            return "expired"
+        return "active"
+
+
+def list_api_keys(session: Session, *, tenant_name: str | None = None) -> list[KeyInfo]:
+    stmt = select(ApiKey, Tenant).join(Tenant, Tenant.id == ApiKey.tenant_id).order_by(ApiKey.id)
+    if tenant_name is not None:
+        stmt = stmt.where(Tenant.name == tenant_name)
+    return [
+        KeyInfo(
+            id=key.id,
+            tenant=tenant.name,
+            tenant_id=tenant.id,
+            name=key.name,
+            prefix=f"{KEY_PREFIX}-{key.lookup}",
+            created_at=key.created_at,
+            expires_at=key.expires_at,
+            revoked_at=key.revoked_at,
+        )
+        for key, tenant in session.execute(stmt)
+    ]
+
+
+def revoke_api_key(session: Session, *, key: str) -> ApiKey:
+    """Revoke by key id (`key-...`), by the key's public prefix (`th-<lookup>`) or by the key itself."""
+    lookup = _lookup_part(key)
+    stmt = select(ApiKey).where(ApiKey.lookup == lookup) if lookup else select(ApiKey).where(ApiKey.id == key)
+    row = session.scalar(stmt)
+    if row is None:
+        raise NotFound(f"no API key '{key}' (give its id, key-..., or its prefix, th-...)", param="key")
+    if row.revoked_at is None:
+        row.revoked_at = now()
+        session.flush()
+    key_cache.forget(row.lookup)  # this process refuses it at once; others within the cache's TTL
+    return row
+
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="An API key (`tunehouse keys create --tenant NAME`), sent as `Authorization: Bearer <key>`.",
+)
+
+
+async def _current_tenant(
+    session: SessionDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Tenant:
+    if credentials is None:
         raise Unauthorized(
             "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' "
             "(create one with `tunehouse keys create --tenant NAME`).",
             code="missing_api_key",
         )
-    tenant = tenant_for_key(session, authorization[7:].strip())
-    if tenant is None:
-        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
-    return tenant
+    key = credentials.credentials.strip()
+    lookup = _lookup_part(key)
+    # a cached key costs no thread and no query; otherwise its row is read in a thread, on the
+    # request's session (which holds a database slot, so the read never waits for the pool)
+    cached = key_cache.get(lookup, _hash(key)) if lookup else None
+    return cached if cached is not None else await run_in_threadpool(authenticate, session, key)
 
 
 TenantDep = Annotated[Tenant, Depends(_current_tenant)]

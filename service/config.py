@@ -23,13 +23,47 @@ class Settings(BaseSettings):
     database_url: str = ""
     # Celery broker URL; empty = kombu's server-less filesystem transport under data_dir
     broker_url: str = ""
+    # PostgreSQL connections per process (API process, worker, trainer): at most pool + overflow each.
+    # Hundreds of workers: lower these and put PgBouncer in front (docs/deploy.md)
+    db_pool_size: int = Field(default=10, ge=1)
+    db_max_overflow: int = Field(default=20, ge=0)
+    # Redis broker: an unacknowledged run message is redelivered after this long. A training job
+    # outlives Redis' 1 h default; the DB lease, not the broker, decides who runs a job, so a
+    # redelivered message is harmless (worker/lease.py) — this only bounds how often it happens
+    broker_visibility_timeout_seconds: float = Field(default=12 * 3600, gt=0)
     # Redis for live metric pub/sub; empty = no pub/sub (the DB still has every row)
     redis_url: str = ""
-    # blob store: a local folder (default data_dir/blobs); s3:// URLs are refused until implemented
+    # blob store (uploaded files, checkpoints): a local folder (default data_dir/blobs), which API and
+    # workers must share, or `s3://bucket/prefix` for any S3-compatible store; its endpoint, region and
+    # credentials are boto3's standard variables (AWS_ENDPOINT_URL, AWS_DEFAULT_REGION,
+    # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)
     blob_url: str = ""
+    # part size of multipart uploads to S3: the most an upload holds in memory. S3 refuses parts under
+    # 5 MiB (but the last); 8 MiB keeps a 1 GB checkpoint at 128 parts, far under S3's 10,000
+    blob_part_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    # a worker rides out a blob store outage this long (reading a dataset, restoring or uploading a
+    # checkpoint), with an event saying so; past it the job fails as a system fault
+    blob_outage_tolerance_seconds: float = Field(default=300.0, ge=0)
+
+    # The API admits at most db_pool_size requests to the database at once (service/db_slots.py) and
+    # queues the rest on its event loop; the longest a request waits there (or the pool for a free
+    # connection) before it is answered 503 with Retry-After
+    db_pool_timeout_seconds: float = Field(default=10.0, gt=0)
+    # An API key's tenant is cached this long by each API process (service/key_cache.py): a key
+    # revoked with `tunehouse keys revoke` (another process) is refused by every server within this
+    # many seconds; one revoked through this process is refused at once. 0 disables the cache.
+    auth_cache_seconds: float = Field(default=5.0, ge=0)
 
     # the API logs one line per request (method, path, status, time, request id) at INFO
     log_level: str = "INFO"
+
+    # request limits: a JSON body (a job spec, python grader source included, is a few KB; 100 KB
+    # at most per python grader), and the uploaded file, which streams and is bounded separately
+    max_json_body_bytes: int = 1024 * 1024
+
+    # Prometheus /metrics shows every tenant's job counts: it is served only when this operator token
+    # is set, to requests that send `Authorization: Bearer <token>`
+    metrics_token: str = ""
 
     # uploads
     max_upload_bytes: int = 512 * 1024 * 1024
@@ -52,6 +86,58 @@ class Settings(BaseSettings):
     control_poll_seconds: float = 0.5
     # metrics are buffered and flushed at least this often
     metrics_flush_seconds: float = 0.5
+    # a worker rides out a database outage this long: metrics stay buffered, the writes that must land
+    # (events, checkpoint records, the final status) retry; past it the job fails as a system fault.
+    # Heartbeats stop meanwhile, so an outage longer than lease_timeout_seconds hands the job to another
+    # worker (resumed from its checkpoint) once the database is back.
+    db_outage_tolerance_seconds: float = 300.0
+
+    # Dispatch (service/jobs/dispatch.py): a job still `queued` this long after its run message was
+    # sent is sent again (the message may be lost: broker restart); later re-sends back off, doubling
+    # up to 10 min. A job whose send failed (broker down) is re-sent at the next reconciler pass.
+    dispatch_timeout_seconds: float = 60.0
+    # how often each worker's reconciler looks for unclaimed queued jobs and stale leases
+    reconcile_seconds: float = 5.0
+    # a job whose trainer dies (OOM, SIGKILL) or whose worker is lost is restarted from its latest
+    # checkpoint at most this many times; the next death fails it with fault "system"
+    max_restarts: int = Field(default=3, ge=0)
+    # fair share (service/jobs/fairness.py): at most this many running jobs per tenant (0: no limit);
+    # a tenant's further jobs wait in the queue, other tenants' jobs start meanwhile
+    max_running_jobs_per_tenant: int = Field(default=0, ge=0)
+    # the Celery queue this API sends its jobs to and this worker consumes and claims from: worker
+    # pools sharing one database and broker are kept apart by name
+    job_queue: str = Field(default="tunehouse", min_length=1, max_length=200)
+    # resumable checkpoint at least every N minutes of training, for jobs that do not set
+    # `save_minutes` (0: only `save_steps` and the end)
+    checkpoint_minutes: float = Field(default=10.0, ge=0)
+    # resumable training states kept per job (older checkpoints stay downloadable, not resumable)
+    checkpoint_keep: int = Field(default=3, ge=1)
+    # SIGTERM to a worker: its trainer checkpoints and hands the job back; after this long it is killed
+    # and the job resumes from its previous checkpoint instead
+    shutdown_grace_seconds: float = 60.0
+
+    # Webhooks (service/webhooks/, delivered by worker/webhooks.py): a failed delivery is retried after
+    # backoff, 2x backoff, 4x ... (capped at webhook_backoff_max_seconds) until webhook_max_attempts
+    # attempts in all; the defaults (8 attempts, 5 s doubling) keep retrying for about 10 minutes,
+    # enough to ride out a receiver's deploy or restart.
+    webhook_max_attempts: int = Field(default=8, ge=1)
+    webhook_backoff_seconds: float = Field(default=5.0, gt=0)
+    webhook_backoff_max_seconds: float = Field(default=3600.0, gt=0)
+    # one attempt's HTTP timeout; a receiver should answer at once and do its work afterwards
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    # how often each worker's delivery loop looks for due deliveries
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
+
+    # Inference (/v1/chat/completions, /v1/completions) runs on inference workers (`tunehouse worker
+    # --inference`), which keep loaded models in an LRU cache up to this many MB of weights each (the
+    # tiny demo model is ~2 MB, SmolLM2-135M ~540 MB in fp32); the least recently used is dropped first
+    inference_memory_budget_mb: int = Field(default=4096, ge=1)
+    # how long the API waits for an inference worker's next message (the first one includes the wait in
+    # the queue and loading the model) before answering 503
+    inference_timeout_seconds: float = Field(default=120.0, gt=0)
+    # `max_tokens` when a request gives none, and the most a request may ask for
+    inference_default_max_tokens: int = Field(default=256, ge=1)
+    inference_max_tokens: int = Field(default=4096, ge=1)
 
     @model_validator(mode="after")
     def _fill_embedded_defaults(self) -> Settings:
@@ -62,6 +148,8 @@ class Settings(BaseSettings):
             self.broker_url = "filesystem://"
         if not self.blob_url:
             self.blob_url = str(self.data_dir / "blobs")
+        if self.blob_url.startswith("s3://") and not self.blob_url[len("s3://") :].split("/")[0]:
+            raise ValueError(f"blob_url {self.blob_url!r} names no bucket: use s3://bucket/prefix")
         return self
 
     @property
@@ -79,10 +167,15 @@ class Settings(BaseSettings):
     def celery_transport_options(self) -> dict[str, Any]:
         if self.is_embedded_broker:
             folder = str(self.broker_folder)
-            return {"data_folder_in": folder, "data_folder_out": folder, "control_folder": folder}
-        # A training job outlives Redis' default 1 h visibility timeout; the DB lease, not the
-        # broker, decides who runs a job, so a redelivered message is harmless (see worker/lease.py).
-        return {"visibility_timeout": 12 * 3600}
+            # kombu polls the folder once a second by default: a request to try a model would wait up
+            # to that long before an inference worker sees it; listing a folder 10x/s costs nothing
+            return {
+                "data_folder_in": folder,
+                "data_folder_out": folder,
+                "control_folder": folder,
+                "polling_interval": 0.1,
+            }
+        return {"visibility_timeout": self.broker_visibility_timeout_seconds}
 
 
 @lru_cache

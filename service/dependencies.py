@@ -1,24 +1,92 @@
-"""Request-scoped dependencies as `Annotated` aliases."""
+"""Request-scoped dependencies as `Annotated` aliases.
+
+The request session is an async dependency on purpose: it waits for a database slot on the event loop
+(service/db_slots.py) and creates the session there (no I/O: the connection is checked out by the
+first query, in the same threadpool hop as the route's work); only the commit takes a thread.
+Dependencies that do no I/O are `async def` too, so they cost no threadpool hop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, TypeVar
 
-from fastapi import Depends
+import anyio
+from fastapi import Depends, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from service.config import Settings, get_settings
-from service.db import session_scope
+from service.db import get_sessionmaker
+from service.db_slots import db_slot
+from service.errors import BadRequest
+from service.input_guard import text_problem
 
 
-def _session() -> Iterator[Session]:
+def _commit(session: Session) -> None:
+    try:
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+T = TypeVar("T")
+
+
+def _commit_after(session: Session, work: Callable[[], T]) -> T:
+    result = work()
+    session.commit()
+    return result
+
+
+async def read_in_one_hop(session: Session, work: Callable[[], T]) -> T:
+    """For `async def` read routes: run `work` (which uses `session`) and end its transaction in one
+    threadpool hop, so the pooled connection is back before the response is built and the request
+    spends no second hop on the commit (a sync route takes three: the route, FastAPI's response
+    validation, the commit)."""
+    return await run_in_threadpool(_commit_after, session, work)
+
+
+def _rollback(session: Session) -> None:
+    try:
+        session.rollback()
+    finally:
+        session.close()
+
+
+async def _session() -> AsyncIterator[Session]:
     # Commit after the route function returns but before the response is sent (scope="function"),
     # so a client never sees 200 for something that was not stored. Tasks queued during the request
     # are sent by service.queue only after this commit, and dropped on rollback.
-    with session_scope() as session:
-        yield session
+    async with db_slot():
+        session = get_sessionmaker()()
+        try:
+            yield session
+        except BaseException:
+            with anyio.CancelScope(shield=True):  # a disconnected client must not leak the connection
+                await run_in_threadpool(_rollback, session)
+            raise
+        if not session.in_transaction():  # read_in_one_hop ended it: nothing to send, no thread needed
+            session.close()
+            return
+        with anyio.CancelScope(shield=True):
+            await run_in_threadpool(_commit, session)
+
+
+async def _settings() -> Settings:
+    return get_settings()
 
 
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+
+
+async def reject_unsafe_url(request: Request) -> None:
+    """App-wide: path and query parameters reach text columns too (a NUL there is a 400, not a 500)."""
+    for name, raw in [*request.path_params.items(), *request.query_params.multi_items()]:
+        problem = text_problem(str(name)) or text_problem(str(raw))
+        if problem:
+            raise BadRequest(f"{name}: {problem}", param=name, code="invalid_value")

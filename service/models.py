@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from service.ids import now
@@ -31,6 +31,8 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # optional expiry (unix seconds), set at creation with `tunehouse keys create --expires-in`
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class File(Base):
@@ -60,6 +62,8 @@ class Job(Base):
     suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
     seed: Mapped[int] = mapped_column(BigInteger)
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    # the spec's experiment trackers as given (service/jobs/integrations.py); None: none
+    integrations: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     status: Mapped[str] = mapped_column(String(32), default="validating_files")
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     fine_tuned_model: Mapped[str | None] = mapped_column(String(500), nullable=True)
@@ -74,6 +78,22 @@ class Job(Base):
     worker_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # restarts after a crash (trainer killed, worker lost), bounded by settings.max_restarts; a pause
+    # or a worker's graceful hand-back is not a restart
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the outbox (service/jobs/dispatch.py): when the job last became queued, and when its run message
+    # was last sent (None: the send failed, the reconciler sends it at its next pass)
+    queued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    dispatched_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # POST .../pause on a running job: its trainer checkpoints at its next control poll, then `paused`
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # while running: when the trainer expects to finish, from its measured step times (worker/progress.py)
+    estimated_finish: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # ids of the files the job produced at its end (worker/result_files.py), in OpenAI's `result_files`
+    result_files: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    # the Celery queue its run messages go to (settings.job_queue when created); a worker claims only
+    # jobs of the queue it consumes (service/jobs/fairness.py)
+    queue: Mapped[str] = mapped_column(String(200), default="tunehouse", server_default="tunehouse")
     __table_args__ = (
         Index("ix_jobs_tenant_id_id", "tenant_id", "id"),
         Index("ix_jobs_status", "status"),
@@ -117,3 +137,66 @@ class Checkpoint(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     is_final: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    # DELETE /v1/models/{name} of a final checkpoint: it no longer lists, serves or trains further; its
+    # blobs go once nothing refers to them (service/base_models/lifecycle.py), then blob_key is ""
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class WebhookEndpoint(Base):
+    __tablename__ = "webhook_endpoints"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    # the event types this endpoint receives; None: every type (service/webhooks/events.py)
+    events: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    description: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    # `whsec_<base64>`: kept as is, not hashed, because every delivery is signed with it (an HMAC key
+    # must be known to the signer); the API shows it only once, in the answer to the creation
+    secret: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
+class WebhookDelivery(Base):
+    """The outbox: one row per (endpoint, event), written in the transaction of the state change that
+    raised the event; the workers' delivery loop (worker/webhooks.py) sends it."""
+
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    # the event's id, the Standard Webhooks `webhook-id` (the same on every retry: receivers dedupe by it)
+    event_id: Mapped[str] = mapped_column(String(40))
+    event_type: Mapped[str] = mapped_column(String(80))
+    # the event object, as sent: {"object": "event", "id", "type", "created_at", "data": {"id": job}}
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # pending -> delivered | failed (after settings.webhook_max_attempts)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    # the claim (a compare-and-set): the worker sending it now, until when; an expired claim is free
+    claimed_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    claimed_until: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    delivered_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint_id_id", "endpoint_id", "id"),
+    )
+
+
+class WebhookAttempt(Base):
+    """The delivery log: one row per HTTP attempt."""
+
+    __tablename__ = "webhook_attempts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    duration_ms: Mapped[float] = mapped_column(Float)
+    # None when no HTTP answer came (connection refused, timeout): `error` says why
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    worker_id: Mapped[str] = mapped_column(String(200))

@@ -8,15 +8,18 @@ TUNEHOUSE_TEST_REDIS. There is no fallback: if they are down, the suite fails an
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -28,8 +31,13 @@ REDIS = os.environ.get("TUNEHOUSE_TEST_REDIS", "redis://127.0.0.1:6379")
 # so API tests can create jobs without training them
 WORKER_BROKER = f"{REDIS}/15"
 IDLE_BROKER = f"{REDIS}/14"
+# ... and to a queue of its own: a worker claims any queued job of the queue it consumes (the fair
+# share, service/jobs/fairness.py), so the API-only jobs in the shared database must be in another
+IDLE_QUEUE = "tunehouse-idle"
+IDLE = {"TUNEHOUSE_BROKER_URL": IDLE_BROKER, "TUNEHOUSE_JOB_QUEUE": IDLE_QUEUE}
 DATA_DIR = Path(tempfile.mkdtemp(prefix="tunehouse-test-"))
 MAX_UPLOAD_BYTES = 2 * 1024 * 1024
+METRICS_TOKEN = "test-operator-token"
 
 os.environ.update(
     {
@@ -38,12 +46,26 @@ os.environ.update(
         "TUNEHOUSE_REDIS_URL": f"{REDIS}/13",
         "TUNEHOUSE_DATA_DIR": str(DATA_DIR),
         "TUNEHOUSE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
+        "TUNEHOUSE_METRICS_TOKEN": METRICS_TOKEN,
         "TUNEHOUSE_HEARTBEAT_SECONDS": "1",
         "TUNEHOUSE_LEASE_TIMEOUT_SECONDS": "10",
         "TUNEHOUSE_CONTROL_POLL_SECONDS": "0.2",
+        # The API-only server's jobs must stay queued, but they share this database with the workers,
+        # whose reconcilers would re-send them to a live broker after the (60 s) dispatch timeout.
+        # Tests of the reconciler set their own (tests/e2e/test_job_recovery.py).
+        "TUNEHOUSE_DISPATCH_TIMEOUT_SECONDS": "86400",
+        # webhook retries in a fraction of a second (0.3, 0.6 s), 3 attempts at most, polled 5x a second
+        "TUNEHOUSE_WEBHOOK_BACKOFF_SECONDS": "0.3",
+        "TUNEHOUSE_WEBHOOK_MAX_ATTEMPTS": "3",
+        "TUNEHOUSE_WEBHOOK_POLL_SECONDS": "0.2",
+        "TUNEHOUSE_WEBHOOK_TIMEOUT_SECONDS": "5",
         "TOKENIZERS_PARALLELISM": "false",
         "TUNEHOUSE_LOG_LEVEL": "WARNING",
         "HF_HUB_OFFLINE": "1",
+        # nothing outside is reachable: W&B integrations log to offline run files (W&B's own offline
+        # mode, the one stand-in for its cloud), which tests/e2e/test_trackers.py reads back
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
     }
 )
 
@@ -117,8 +139,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def start_server(env_overrides: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
-    port = free_port()
+def start_server(
+    env_overrides: dict[str, str], port: int | None = None
+) -> tuple[str, subprocess.Popen[bytes]]:
+    port = port or free_port()
     env = {**os.environ, **env_overrides}
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "service.app:app", "--port", str(port), "--log-level", "warning"],
@@ -132,26 +156,64 @@ def start_server(env_overrides: dict[str, str]) -> tuple[str, subprocess.Popen[b
 @pytest.fixture(scope="session")
 def api_url() -> Iterator[str]:
     """A real uvicorn server whose broker has no worker: jobs stay queued."""
-    url, proc = start_server({"TUNEHOUSE_BROKER_URL": IDLE_BROKER})
+    # no inference worker either: a request to try a model gets its 503 after 1 s, not the default 120
+    url, proc = start_server({**IDLE, "TUNEHOUSE_INFERENCE_TIMEOUT_SECONDS": "1"})
     yield url
     _stop(proc)
+
+
+@pytest.fixture
+def idle_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[tuple[str, list[Any]]]]]:
+    """This process's Celery app sending to the real idle broker (db 14: no worker consumes it).
+
+    Yields a function that reads the (task name, args) of the messages waiting there, oldest first:
+    what a worker would receive."""
+    import redis
+
+    from service.config import get_settings
+    from service.queue import get_celery
+
+    monkeypatch.setenv("TUNEHOUSE_BROKER_URL", IDLE_BROKER)
+    monkeypatch.setenv("TUNEHOUSE_JOB_QUEUE", IDLE_QUEUE)
+    get_settings.cache_clear()
+    get_celery.cache_clear()
+    broker = redis.Redis.from_url(IDLE_BROKER)
+
+    def waiting() -> list[tuple[str, list[Any]]]:
+        out = []
+        for raw in reversed(broker.lrange(IDLE_QUEUE, 0, -1)):  # kombu LPUSHes: the oldest is last
+            message = json.loads(raw)
+            args = json.loads(base64.b64decode(message["body"]))[0]
+            out.append((message["headers"]["task"], args))
+        return out
+
+    yield waiting
+    broker.close()
+    get_settings.cache_clear()  # the next caller reads the environment as monkeypatch restores it
+    get_celery.cache_clear()
 
 
 @dataclass
 class Stack:
     url: str
     worker: subprocess.Popen[bytes]
+    inference: subprocess.Popen[bytes]
 
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
-    """API server + one Celery worker over Redis + PostgreSQL: jobs really train."""
+    """API server + one Celery training worker + one inference worker over Redis + PostgreSQL: jobs
+    really train and /v1/chat/completions really generates."""
     url, server = start_server({"TUNEHOUSE_BROKER_URL": WORKER_BROKER})
+    env = {**os.environ, "TUNEHOUSE_BROKER_URL": WORKER_BROKER}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"],
-        env={**os.environ, "TUNEHOUSE_BROKER_URL": WORKER_BROKER},
+        [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"], env=env
     )
-    yield Stack(url=url, worker=worker)
+    inference = subprocess.Popen(
+        [sys.executable, "-m", "tunehouse.cli", "worker", "--inference", "--loglevel", "warning"], env=env
+    )
+    yield Stack(url=url, worker=worker, inference=inference)
+    _stop(inference)
     _stop(worker)
     _stop(server)
 

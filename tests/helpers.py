@@ -61,3 +61,56 @@ def all_pages(client: httpx.Client, path: str, **params: Any) -> list[dict[str, 
         if not body["has_more"]:
             return out
         after = body["data"][-1]["id"] if "id" in body["data"][-1] else body["data"][-1]["step"]
+
+
+def tenant_of(key: str) -> str:
+    from service.auth import authenticate
+    from service.db import session_scope
+
+    with session_scope() as session:
+        return authenticate(session, key).id
+
+
+def stored_counts(tenant_id: str) -> dict[str, int]:
+    """What a tenant has stored (rows, and blob files, temp files of aborted uploads included): what a
+    rejected request must leave unchanged. Scoped to the tenant, so a job of another test that is still
+    running cannot disturb the count."""
+    from sqlalchemy import func, select
+
+    from service.config import get_settings
+    from service.db import session_scope
+    from service.models import (
+        ApiKey,
+        File,
+        Job,
+        JobEvent,
+        JobMetric,
+        Tenant,
+        WebhookDelivery,
+        WebhookEndpoint,
+    )
+
+    with session_scope() as session:
+
+        def count(model: Any, *where: Any) -> int:
+            return int(session.scalar(select(func.count()).select_from(model).where(*where)) or 0)
+
+        jobs = select(Job.id).where(Job.tenant_id == tenant_id)
+        counts = {
+            "tenants": count(Tenant),
+            "api_keys": count(ApiKey),
+            "files": count(File, File.tenant_id == tenant_id),
+            "jobs": count(Job, Job.tenant_id == tenant_id),
+            "job_events": count(JobEvent, JobEvent.job_id.in_(jobs)),
+            "job_metrics": count(JobMetric, JobMetric.job_id.in_(jobs)),
+            "webhook_endpoints": count(WebhookEndpoint, WebhookEndpoint.tenant_id == tenant_id),
+            "webhook_deliveries": count(
+                WebhookDelivery,
+                WebhookDelivery.endpoint_id.in_(
+                    select(WebhookEndpoint.id).where(WebhookEndpoint.tenant_id == tenant_id)
+                ),
+            ),
+        }
+    root = get_settings().data_dir / "blobs" / "files" / tenant_id
+    counts["blobs"] = sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+    return counts

@@ -28,7 +28,8 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class TrainResult:
-    final_checkpoint: CheckpointInfo | None  # None when cancelled; the pause checkpoint when paused
+    # None when cancelled, and on every rank but 0 (rank 0 writes); the pause checkpoint when paused
+    final_checkpoint: CheckpointInfo | None
     stopped: StopRequest | None  # None when training ran to the end
     steps: int  # optimizer steps done, counting those before a resume
     metrics: dict[str, float] = field(default_factory=dict)  # last step row + last eval row

@@ -10,7 +10,13 @@ Layout: ``{output_dir}/checkpoint-{step:06d}/`` holding
   online methods, ``task.pt`` (the rollout in use, the value head: see ``trainers.loop.StepPreparer``).
 
 A checkpoint is built in a temporary folder inside ``output_dir`` and renamed into place with
-``os.replace``, so a crash never leaves a half-written ``checkpoint-*`` folder behind.
+``os.replace``, so a crash never leaves a half-written ``checkpoint-*`` folder behind. A resumable one
+also carries ``state/manifest.json``, written last: every file of ``model/`` and ``state/`` with its
+size. Loading verifies it (``verify_checkpoint``), so a copy that lost files or was truncated on its way
+(a blob store, a tar, a full disk) is refused and the caller falls back to an earlier checkpoint
+(``latest_checkpoint`` does that for a local folder). Sizes, not hashes: hashing the optimizer state of
+a large model at every save would stall training for tens of seconds; safetensors and torch's zip
+format check their own headers.
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ from trainers.rng import capture_rng_state, restore_rng_state
 FORMAT_VERSION = 1
 MODEL_DIR, STATE_DIR = "model", "state"
 TASK_STATE = "task.pt"
+MANIFEST = "manifest.json"
+_CHECKPOINT_GLOB = "checkpoint-*"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be resumed from: incomplete, truncated or of another format."""
 
 
 @dataclass
@@ -90,6 +102,7 @@ def save_checkpoint(
                 torch.save(task_state, state_dir / TASK_STATE)
             payload = {"format_version": FORMAT_VERSION, **asdict(state)}
             (state_dir / "trainer_state.json").write_text(json.dumps(payload), encoding="utf-8")
+            _write_manifest(tmp)
         target = checkpoint_dir(out, state.step)
         _replace_dir(tmp, target)
     except BaseException:
@@ -98,14 +111,78 @@ def save_checkpoint(
     return CheckpointInfo(path=target, step=state.step, epoch=epoch, final=final, metrics=dict(state.metrics))
 
 
+def _write_manifest(folder: Path) -> None:
+    files = {
+        str(p.relative_to(folder)): p.stat().st_size
+        for part in (MODEL_DIR, STATE_DIR)
+        for p in sorted((folder / part).rglob("*"))
+        if p.is_file()
+    }
+    manifest = {"format_version": FORMAT_VERSION, "files": files}
+    (folder / STATE_DIR / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def verify_checkpoint(ckpt: str | Path) -> None:
+    """Raise ``CheckpointError`` unless ``ckpt`` is a complete resumable checkpoint (see the manifest)."""
+    folder = Path(ckpt)
+    path = folder / STATE_DIR / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files: dict[str, int] = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{ckpt} is not a complete resumable checkpoint (no valid {path.name})"
+        ) from exc
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{ckpt}: unsupported checkpoint format")
+    for name, size in files.items():
+        file = folder / name
+        actual = file.stat().st_size if file.is_file() else None
+        if actual != size:
+            found = "missing" if actual is None else f"{actual} bytes"
+            raise CheckpointError(f"{ckpt}: {name} is {found}, expected {size} bytes")
+
+
 def load_loop_state(ckpt: str | Path) -> LoopState:
+    verify_checkpoint(ckpt)
     path = Path(ckpt) / STATE_DIR / "trainer_state.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{ckpt} is not a resumable checkpoint (no {STATE_DIR}/trainer_state.json)")
     payload = json.loads(path.read_text(encoding="utf-8"))
     if payload.pop("format_version", None) != FORMAT_VERSION:
-        raise ValueError(f"{ckpt}: unsupported checkpoint format")
+        raise CheckpointError(f"{ckpt}: unsupported checkpoint format")
     return LoopState(**payload)
+
+
+def resumable_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The ``checkpoint-*`` folders with a training state, newest (highest step) first; unverified."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = [p for p in out.glob(_CHECKPOINT_GLOB) if (p / STATE_DIR).is_dir() and _step_of(p) is not None]
+    return sorted(found, key=lambda p: _step_of(p) or 0, reverse=True)
+
+
+def _step_of(path: Path) -> int | None:
+    suffix = path.name.removeprefix("checkpoint-")
+    return int(suffix) if suffix.isdigit() else None
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint in ``output_dir`` that verifies, skipping incomplete or truncated ones."""
+    for path in resumable_checkpoints(output_dir):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError:
+            continue
+        return path
+    return None
+
+
+def prune_checkpoints(output_dir: str | Path, *, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` resumable checkpoints (final exports are kept); returns them."""
+    old = resumable_checkpoints(output_dir)[max(1, keep) :]
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
 
 
 def restore_training_state(

@@ -1,18 +1,19 @@
 """The hyperparameters every training method shares, and their range checks.
 
-Each method's config (``SFTConfig``, ``DPOConfig``, ``RewardModelConfig``, ``GRPOConfig``,
-``PPOConfig``) subclasses ``TrainingConfig``, re-declares a shared field only where its default differs
-(``learning_rate``) and adds its own data and method fields. Field names are the job spec's
-hyperparameter names (the worker builds configs by keyword), so they must not change.
+Each method's config (``SFTConfig``, ``DPOConfig``, ``GRPOConfig``, ``RLOOConfig``, ...: one per method)
+subclasses ``TrainingConfig``, names its ``trainers.registry`` entry in ``method``, re-declares a shared
+field only where its default differs (``learning_rate``) and adds its own data and method fields. Field
+names are the registry's hyperparameter names (the worker builds configs by keyword), and the ranges are
+the registry's: ``validate`` checks them, there is no second copy here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 from trainers.errors import DataError
-from trainers.modeling import PRECISIONS
-from trainers.schedule import SCHEDULES
+from trainers.registry import get_method
 
 
 @dataclass
@@ -37,18 +38,27 @@ class TrainingConfig:
         lr_scheduler: ``linear`` | ``cosine`` (decay to 0) | ``constant``, after linear warmup.
         warmup_ratio: fraction of the optimizer steps spent warming up from 0.
         weight_decay: AdamW decoupled weight decay, on matrices only.
-        max_grad_norm: clip the global gradient norm to this (<= 0: no clipping).
+        max_grad_norm: clip the global gradient norm to this.
         mixed_precision: ``auto`` (bf16 on CUDA if supported, else none) | ``no`` | ``bf16`` | ``fp16``;
             CPU always trains in plain fp32.
         seed: seeds LoRA initialisation, dropout and the data order.
         max_steps: cap on the number of optimizer steps (None: ``n_epochs`` full epochs).
 
     Run control:
-        save_steps: write a resumable checkpoint every N optimizer steps; 0 writes only the final one.
-        eval_steps: compute ``valid_loss`` every N steps when validation rows are given; 0 does it at the
-            end of each epoch (and always after the last step).
+        save_steps: write a resumable checkpoint every N optimizer steps (0: none by step count).
+        save_minutes: also write one whenever this many minutes of training passed since the last
+            (0: none by time), so a crash loses at most that much work; with ``save_steps`` 0 and
+            ``save_minutes`` 0 only the final checkpoint is written.
+        keep_checkpoints: resumable checkpoints kept in ``output_dir``; older ones are deleted as new
+            ones are written (the final checkpoint is never deleted). Not a job hyperparameter: the
+            worker sets it from the deployment's ``TUNEHOUSE_CHECKPOINT_KEEP``.
+        eval_steps: evaluate every N steps when validation rows are given (``valid_loss``; the online
+            methods' ``valid_reward``, see ``RolloutConfig``); 0 does it at the end of each epoch (and
+            always after the last step).
         resume_from: a checkpoint folder written by this library; training continues from it exactly.
     """
+
+    method: ClassVar[str]  # the trainers.registry entry whose ranges ``validate`` checks
 
     model_path: str
     output_dir: str
@@ -70,41 +80,57 @@ class TrainingConfig:
     seed: int = 42
     max_steps: int | None = None
     save_steps: int = 0
+    save_minutes: float = 10.0
+    keep_checkpoints: int = 3
     eval_steps: int = 0
     resume_from: str | None = None
 
     def validate(self) -> None:
         """Raise ``DataError`` naming the first hyperparameter out of range.
 
-        The order checked: ``lora_r``, the method's data fields, the shared optimisation and run-control
-        fields, then the method's own fields.
+        The ranges are the method's declaration in ``trainers.registry`` (the same the API validates
+        with), checked in declaration order, then the method's cross-field constraints.
         """
-        checks = {
-            "lora_r": self.lora_r >= 1,
-            **self._data_checks(),
-            "n_epochs": self.n_epochs >= 1,
-            "batch_size": self.batch_size >= 1,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps >= 1,
-            "learning_rate": self.learning_rate > 0,
-            "lr_scheduler": self.lr_scheduler in SCHEDULES,
-            "warmup_ratio": 0.0 <= self.warmup_ratio <= 1.0,
-            "weight_decay": self.weight_decay >= 0,
-            "mixed_precision": self.mixed_precision in PRECISIONS,
-            "max_steps": self.max_steps is None or self.max_steps >= 1,
-            "save_steps": self.save_steps >= 0,
-            "eval_steps": self.eval_steps >= 0,
-            **self._method_checks(),
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise DataError(
-                    f"{name}={getattr(self, name)!r} is out of range", param=f"hyperparameters.{name}"
-                )
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        problem = get_method(self.method).check(values, by_field=True)
+        if problem is None and self.keep_checkpoints < 1:  # the one run-control field the API lacks
+            problem = (
+                "keep_checkpoints",
+                f"keep_checkpoints={self.keep_checkpoints!r} is out of range: expected >= 1",
+            )
+        if problem is not None:
+            name, message = problem
+            raise DataError(message, param=f"hyperparameters.{name}")
 
-    def _data_checks(self) -> dict[str, bool]:
-        """Field name -> whether it is in range, for the method's data fields (checked after lora_r)."""
-        return {}
 
-    def _method_checks(self) -> dict[str, bool]:
-        """Field name -> whether it is in range, for the method's own fields (checked last)."""
-        return {}
+@dataclass
+class RolloutConfig(TrainingConfig):
+    """The fields of every method that samples from the policy it trains (GRPO, PPO, RLOO, online DPO;
+    the registry's ``RL_COMMON``):
+
+    Data:
+        max_prompt_length: prompts keep their last this many tokens.
+
+    Sampling:
+        max_completion_length: sampling budget in tokens; a completion without EOS is truncated.
+        temperature, top_p: sampling parameters; the policy-gradient methods compute log-probs at the
+            same temperature.
+
+    Validation (``valid_rows``, at ``eval_steps`` and after the last step):
+        eval_sampling: ``greedy`` (the default: one deterministic completion per validation prompt) or
+            ``sample`` (one completion drawn with ``temperature`` and ``top_p``, from the same seed at
+            every evaluation). The grader scores them: ``valid_reward`` is the mean weighted reward,
+            ``valid_reward/{grader}`` each reward function's mean (``trainers.rl.reward_evaluator``).
+    """
+
+    max_prompt_length: int = 512
+    max_completion_length: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eval_sampling: str = "greedy"
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the method compares the policy with the base model (then a full fine-tune loads a
+        frozen copy of it; LoRA disables its adapter instead)."""
+        raise NotImplementedError

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import copy
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,17 +30,21 @@ from transformers import PreTrainedTokenizerBase
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import TrainingConfig
+from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.modeling import autocast_dtype, load_model, load_tokenizer, pick_device
+from trainers.modeling import autocast_dtype, load_model, pick_device
 from trainers.preference_data import (
     PreferenceBatch,
     PreferenceExample,
     collate_preferences,
     tokenize_preference_rows,
 )
-from trainers.rng import seed_everything
+from trainers.registry import choices
 
-LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+if TYPE_CHECKING:
+    from trainers.rl import RewardSet
+
+LOSS_TYPES = choices("dpo", "loss_type")
 
 
 @dataclass
@@ -66,6 +70,8 @@ class DPOConfig(TrainingConfig):
     ``batch_size`` counts pairs, so the forward pass sees 2 * batch_size sequences.
     """
 
+    method: ClassVar[str] = "dpo"
+
     learning_rate: float = 5e-5
     max_length: int = 1024
     max_prompt_length: int | None = None
@@ -73,19 +79,6 @@ class DPOConfig(TrainingConfig):
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
     precompute_ref_log_probs: bool = False
-
-    def _data_checks(self) -> dict[str, bool]:
-        return {
-            "max_length": self.max_length >= 2,
-            "max_prompt_length": self.max_prompt_length is None or self.max_prompt_length >= 1,
-        }
-
-    def _method_checks(self) -> dict[str, bool]:
-        return {
-            "beta": self.beta > 0,
-            "loss_type": self.loss_type in LOSS_TYPES,
-            "label_smoothing": 0.0 <= self.label_smoothing < 0.5,
-        }
 
 
 # -- pure functions -----------------------------------------------------------------------------------
@@ -156,15 +149,29 @@ def sequence_log_probs(
 # -- the method ---------------------------------------------------------------------------------------
 
 
-def policy_log_probs(model: torch.nn.Module, batch: PreferenceBatch) -> torch.Tensor:
-    """[2B] completion log-probs of chosen then rejected rows, in one forward pass."""
+class CompletionRows(Protocol):
+    """Right-padded prompt + completion rows (a ``PreferenceBatch``, KTO's rows, ...)."""
+
+    @property
+    def input_ids(self) -> torch.Tensor: ...  # [N, T]
+
+    @property
+    def attention_mask(self) -> torch.Tensor: ...  # [N, T]
+
+    @property
+    def completion_mask(self) -> torch.Tensor: ...  # [N, T] bool
+
+
+def policy_log_probs(model: torch.nn.Module, batch: CompletionRows) -> torch.Tensor:
+    """[N] summed completion log-probs of the rows (a preference batch: chosen then rejected), in one
+    forward pass."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
     return sequence_log_probs(logits, batch.input_ids, batch.completion_mask)
 
 
 @dataclass(frozen=True)
 class Reference:
-    """The reference policy's forward: a batch -> its [2B] completion log-probs, without gradients.
+    """The reference policy's forward: rows -> their [N] completion log-probs, without gradients.
 
     ``model`` is a separate frozen model, or (``disable_adapter``) the LoRA policy itself run with its
     adapter switched off: the base weights, shared, never copied.
@@ -179,7 +186,7 @@ class Reference:
         return cls(model)
 
     @torch.no_grad()
-    def __call__(self, batch: PreferenceBatch) -> torch.Tensor:
+    def __call__(self, batch: CompletionRows) -> torch.Tensor:
         if self.disable_adapter:
             assert isinstance(self.model, PeftModel)
             with self.model.disable_adapter():
@@ -288,7 +295,7 @@ def build_dpo_task(
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
     device = next(model.parameters()).device
-    reference = _pick_reference(model, ref_model, load_reference, precompute=config.precompute_ref_log_probs)
+    reference = pick_reference(model, ref_model, load_reference, precompute=config.precompute_ref_log_probs)
     if config.precompute_ref_log_probs:
         kwargs: dict[str, Any] = {
             "batch_size": config.batch_size,
@@ -310,13 +317,16 @@ def build_dpo_task(
     return TrainingTask(model, tokenizer, train, collate, loss, valid)
 
 
-def _pick_reference(
+def pick_reference(
     model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
     load_reference: Callable[[], torch.nn.Module] | None,
     *,
-    precompute: bool,
+    precompute: bool = False,
 ) -> Reference:
+    """``ref_model`` frozen if given; else the adapter-disabled ``model`` (LoRA), else a frozen copy of the
+    starting model (``load_reference``'s, or ``model`` deep-copied); with ``precompute`` and no loader,
+    ``model`` itself (it has not trained yet)."""
     if ref_model is not None:
         device = next(model.parameters()).device
         return Reference.frozen(torch.nn.Module.to(ref_model, device))
@@ -327,36 +337,41 @@ def _pick_reference(
     return Reference.frozen(load_reference() if load_reference is not None else copy.deepcopy(model))
 
 
+def starting_model_loader(
+    config: TrainingConfig, device: torch.device
+) -> Callable[[], torch.nn.Module] | None:
+    """For a resumed full fine-tune, a loader of the starting model (the reference): the resumed model holds
+    trained weights. None otherwise (a LoRA reference is the adapter-disabled base; a fresh model is the
+    starting one)."""
+    if not config.resume_from or config.use_lora:
+        return None
+    return partial(load_model, replace(config, resume_from=None, gradient_checkpointing=False), device)
+
+
 def train_dpo(
     config: DPOConfig,
-    train_rows: Sequence[Mapping[str, Any]],
-    valid_rows: Sequence[Mapping[str, Any]] | None = None,
+    train_rows: Rows,
+    valid_rows: Rows | None = None,
     callbacks: TrainingCallbacks | None = None,
     *,
+    rewards: RewardSet | None = None,
     ref_model: torch.nn.Module | None = None,
 ) -> TrainResult:
     """DPO-train ``config.model_path`` on preference rows; raise ``DataError`` when the data is at fault.
 
     ``ref_model``: a reference other than the default (the starting model); it must not be the policy.
     """
-    config.validate()
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.model_path)
+    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
     tokenize = partial(
         tokenize_preference_rows,
         tokenizer=tokenizer,
         max_length=config.max_length,
         max_prompt_length=config.max_prompt_length,
     )
-    train = tokenize(train_rows, param="training_file")
-    valid = tokenize(valid_rows, param="validation_file") if valid_rows else None
+    train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     device = pick_device()
     model = load_model(config, device)
-    load_reference: Callable[[], torch.nn.Module] | None = None
-    if config.resume_from and not config.use_lora:
-        # The resumed model holds trained weights; the reference is the starting model.
-        base = replace(config, resume_from=None, gradient_checkpointing=False)
-        load_reference = partial(load_model, base, device)
+    load_reference = starting_model_loader(config, device)
     task = build_dpo_task(
         config, model, tokenizer, train, valid, ref_model=ref_model, load_reference=load_reference
     )

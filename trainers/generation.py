@@ -1,25 +1,206 @@
-"""Text generation with a trained checkpoint: used by the demo and smoke tests today, and the place
-GRPO/PPO rollouts will grow from."""
+"""Text generation with a trained checkpoint: the demo's greedy `chat_reply`, and the token-by-token
+sampler behind `/v1/chat/completions` (worker/inference.py).
+
+`stream_choices` samples `n` completions of one prompt in one batch (the prompt repeated `n` times, so
+no padding is needed) with the KV cache, one decoding step at a time, and yields the text each choice
+gained at that step: the API streams it as it comes. Stop strings are matched on decoded text, and text
+that might be the start of a stop string (or half a UTF-8 character) is held back until it is not.
+RL rollouts sample through `model.generate` instead (trainers/rollout.py): they need whole batches of
+token ids and masks, not text as it is produced.
+"""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+
+def load_causal_lm(path: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
+    """Model (eval mode) and tokenizer from a Hugging Face folder, hub id or a single `.gguf` file
+    (dequantized by transformers; needs the `gguf` package)."""
+    location = Path(path)
+    if location.suffix == ".gguf":
+        tokenizer = AutoTokenizer.from_pretrained(location.parent, gguf_file=location.name)
+        model: Any = AutoModelForCausalLM.from_pretrained(location.parent, gguf_file=location.name)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+    model.eval()
+    return model, tokenizer
+
+
+def load_with_adapter(base_path: str | Path, adapter_dir: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
+    """A LoRA checkpoint (the adapter only) on its base model, and the checkpoint's tokenizer."""
+    from peft import PeftModel
+
+    base, _ = load_causal_lm(base_path)
+    with warnings.catch_warnings():
+        # peft 0.21 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates (FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        model: Any = PeftModel.from_pretrained(base, str(adapter_dir))
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(adapter_dir)
 
 
 @torch.no_grad()
 def chat_reply(model_dir: str | Path, messages: list[dict[str, Any]], *, max_new_tokens: int = 32) -> str:
     """Greedy reply of the model in `model_dir` (a Hugging Face folder) to a chat, without special tokens."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    # transformers' stubs type generate() and the chat template's dict loosely; Any keeps this readable
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir)
-    model.eval()
-    inputs: Any = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
-    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    prompt_length = inputs["input_ids"].shape[1]
-    return str(tokenizer.decode(output[0, prompt_length:], skip_special_tokens=True)).strip()
+    model, tokenizer = load_causal_lm(model_dir)
+    prompt = chat_prompt_ids(tokenizer, messages)
+    generation = Generation(tokenizer, n=1, stop=())
+    for _ in generation.run(model, prompt, max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, seed=0):
+        pass
+    return generation.texts[0].strip()
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]]) -> list[int]:
+    """The chat rendered by the tokenizer's template, with the assistant's generation prompt."""
+    rendered: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return [int(t) for t in rendered["input_ids"]]
+
+
+def stop_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """EOS of the tokenizer and of the generation config (chat models often end turns on another id)."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def pick_next(
+    logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator
+) -> torch.Tensor:
+    """Next token per row of `logits` (B, V): argmax at temperature 0, else nucleus sampling.
+
+    Nucleus (Holtzman et al. 2019): keep the smallest set of tokens whose probability reaches `top_p`
+    (the most likely token always stays), renormalise, sample.
+    """
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above
+        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@dataclass
+class _Choice:
+    """One completion being decoded: its tokens, the text already handed out, why it ended."""
+
+    ids: list[int] = field(default_factory=list)
+    sent: str = ""
+    finish_reason: str | None = None
+
+
+class Generation:
+    """`n` completions of one prompt, decoded as they are sampled.
+
+    `run` yields, at each step, `(index, new_text, finish_reason)` for each choice that gained text or
+    ended there; afterwards `texts`, `finish_reasons` and `completion_tokens` hold the totals.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, n: int, stop: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.choices = [_Choice() for _ in range(n)]
+
+    @property
+    def texts(self) -> list[str]:
+        return [c.sent for c in self.choices]
+
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        return [c.finish_reason for c in self.choices]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.ids) for c in self.choices)
+
+    def run(
+        self,
+        model: Any,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+    ) -> Iterator[list[tuple[int, str, str | None]]]:
+        eos = stop_token_ids(model, self.tokenizer)
+        device = next(model.parameters()).device
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        step_input = torch.tensor([prompt_ids] * len(self.choices), dtype=torch.long, device=device)
+        past: Any = None
+        with torch.no_grad():
+            for step in range(max_new_tokens):
+                out = model(input_ids=step_input, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                next_ids = pick_next(
+                    out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p, generator=generator
+                )
+                last = step == max_new_tokens - 1
+                updates = []
+                for index, token in enumerate(next_ids.tolist()):
+                    update = self._advance(index, int(token), eos, last)
+                    if update is not None:
+                        updates.append(update)
+                if updates:
+                    yield updates
+                if all(c.finish_reason for c in self.choices):
+                    return
+                # finished rows keep decoding (their tokens are ignored): the batch stays rectangular
+                step_input = next_ids.unsqueeze(1)
+
+    def _advance(
+        self, index: int, token: int, eos: set[int], last: bool
+    ) -> tuple[int, str, str | None] | None:
+        choice = self.choices[index]
+        if choice.finish_reason is not None:
+            return None
+        choice.ids.append(token)
+        text = str(self.tokenizer.decode(choice.ids, skip_special_tokens=True))
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            choice.finish_reason, end = "stop", min(hits)
+        elif token in eos:
+            choice.finish_reason, end = "stop", len(text)
+        elif last:
+            choice.finish_reason, end = "length", len(text)
+        else:
+            end = len(text) - self._held_back(text)
+        new = text[len(choice.sent) : end] if end > len(choice.sent) else ""
+        choice.sent += new
+        if new or choice.finish_reason:
+            return index, new, choice.finish_reason
+        return None
+
+    def _held_back(self, text: str) -> int:
+        """How many trailing characters to keep back: half a UTF-8 character (decoded as U+FFFD), or
+        the longest tail that a stop string starts with."""
+        if text.endswith("\ufffd"):
+            return len(text) - len(text.rstrip("\ufffd"))
+        longest = 0
+        for s in self.stop:
+            for size in range(min(len(s) - 1, len(text)), longest, -1):
+                if text.endswith(s[:size]):
+                    longest = size
+                    break
+        return longest

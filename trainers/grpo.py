@@ -15,58 +15,50 @@ prompts on the shared loop (``trainers.loop``), reused for ``num_iterations`` st
 
     python -c "
     from trainers.grpo import GRPOConfig, train_grpo; from trainers.rewards import build_grader
-    from trainers.tiny_model import build_tiny_model
+    from trainers.rl import RewardSet; from trainers.tiny_model import build_tiny_model
     rows = [{'prompt': 'The capital of Peru is'}] * 16
     grader = build_grader({'type': 'string_check', 'name': 'e', 'operation': 'like',
                            'input': '{{sample.output_text}}', 'reference': 'e'})
     config = GRPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/grpo-out', max_steps=10)
-    print(train_grpo(config, rows, [grader]))"
+    print(train_grpo(config, rows, rewards=RewardSet.of([grader])))"
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from functools import partial
-from typing import Any, Self
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
-from trainers.config import TrainingConfig
-from trainers.errors import DataError
-from trainers.loop import LossSums, PreparedStep, TrainingTask, run_training
-from trainers.modeling import load_model, load_tokenizer, pick_device
-from trainers.rewards import RewardFunc, reward_name
-from trainers.rng import seed_everything
+from trainers.config import RolloutConfig
+from trainers.entry import Rows
+from trainers.loop import LossSums, PreparedStep
+from trainers.registry import choices
+from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
 from trainers.rollout import (
+    ReusedRollout,
     RLPrompt,
-    Rollout,
+    RolloutBatch,
     completion_logps,
     generate_rollout,
-    load_frozen_reference,
+    micro_batch_spans,
     reference_logps,
-    tokenize_rl_rows,
-    trim_left_padding,
 )
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+LOSS_TYPES = choices("grpo", "loss_type")
+SCALE_REWARDS = choices("grpo", "scale_rewards")
 
 
 @dataclass
-class GRPOConfig(TrainingConfig):
-    """Configuration of a GRPO run: the shared fields of ``trainers.config.TrainingConfig``, plus
-
-    Data:
-        max_prompt_length: prompts keep their last this many tokens.
+class GRPOConfig(RolloutConfig):
+    """Configuration of a GRPO run: the shared fields of ``trainers.config.RolloutConfig``, plus
 
     Method:
         num_generations: completions sampled per prompt (G); the advantage compares them.
-        max_completion_length: sampling budget in tokens; a completion without EOS is truncated.
-        temperature, top_p: sampling parameters; log-probs are computed at the same temperature.
         beta: KL coefficient to the reference (k3 estimator); 0 skips the reference entirely. The
             reference is the base model: the adapter disabled for LoRA, a frozen copy for full training.
         epsilon, epsilon_high: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
@@ -78,15 +70,13 @@ class GRPOConfig(TrainingConfig):
         mask_truncated_completions: completions without EOS get no loss.
 
     Shared fields as GRPO reads them: ``batch_size`` counts prompts per micro-batch, each with
-    ``num_generations`` completions; ``eval_steps`` is unused (GRPO has no validation loss yet).
+    ``num_generations`` completions; validation (``eval_steps``) scores the validation prompts' completions.
     """
 
+    method: ClassVar[str] = "grpo"
+
     learning_rate: float = 1e-5
-    max_prompt_length: int = 512
     num_generations: int = 4
-    max_completion_length: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
     beta: float = 0.0
     epsilon: float = 0.2
     epsilon_high: float | None = None
@@ -95,22 +85,9 @@ class GRPOConfig(TrainingConfig):
     num_iterations: int = 1
     mask_truncated_completions: bool = False
 
-    def _data_checks(self) -> dict[str, bool]:
-        return {"max_prompt_length": self.max_prompt_length >= 1}
-
-    def _method_checks(self) -> dict[str, bool]:
-        return {
-            "num_generations": self.num_generations >= 2,
-            "max_completion_length": self.max_completion_length >= 1,
-            "temperature": self.temperature > 0,
-            "top_p": 0.0 < self.top_p <= 1.0,
-            "beta": self.beta >= 0,
-            "epsilon": self.epsilon >= 0,
-            "epsilon_high": self.epsilon_high is None or self.epsilon_high >= 0,
-            "loss_type": self.loss_type in LOSS_TYPES,
-            "scale_rewards": self.scale_rewards in SCALE_REWARDS,
-            "num_iterations": self.num_iterations >= 1,
-        }
+    @property
+    def uses_reference(self) -> bool:
+        return self.beta != 0.0
 
 
 # -- pure functions -------------------------------------------------------------------------------------
@@ -145,6 +122,17 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "
     elif scale != "none":
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, not {scale!r}")
     return torch.nan_to_num(advantages, nan=0.0)
+
+
+def group_reward_metrics(rewards: torch.Tensor, num_generations: int) -> dict[str, float]:
+    """``reward`` (mean), ``reward_std`` (the mean within-group std) and ``frac_reward_zero_std`` (groups
+    whose completions all scored the same: no learning signal) of [B * G] rewards, NaN ignored."""
+    group_std = nanstd(rewards.view(-1, num_generations), dim=1)
+    return {
+        "reward": float(torch.nanmean(rewards)),
+        "reward_std": float(torch.nanmean(group_std)),
+        "frac_reward_zero_std": float(torch.isclose(group_std, torch.zeros_like(group_std)).float().mean()),
+    }
 
 
 @dataclass(frozen=True)
@@ -260,13 +248,10 @@ def grpo_loss(
 
 # -- batches --------------------------------------------------------------------------------------------
 @dataclass
-class GRPOBatch:
+class GRPOBatch(RolloutBatch):
     """One micro-batch of a rollout: [N, P] prompts, [N, C] completions, [N] advantages."""
 
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor  # loss mask: zero for truncated completions if they are masked
+    # completion_mask is the loss mask: zero for truncated completions if they are masked
     advantages: torch.Tensor
     old_logps: torch.Tensor | None  # π_old when num_iterations > 1; else the current policy, detached
     ref_logps: torch.Tensor | None  # when beta > 0
@@ -276,26 +261,6 @@ class GRPOBatch:
     @property
     def loss_denominator(self) -> int:
         return self.loss_units
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.prompt_mask.sum()) + int(self.completion_mask.sum())
-
-    def to(self, device: torch.device) -> Self:
-        moved: dict[str, Any] = {
-            f.name: v.to(device) for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)
-        }
-        return replace(self, **moved)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            f.name: v.cpu() if isinstance(v := getattr(self, f.name), torch.Tensor) else v
-            for f in fields(self)
-        }
-
-
-def _no_collate(examples: Sequence[RLPrompt]) -> GRPOBatch:
-    raise TypeError("GRPO batches are built from rollouts by GRPORollouts, not collated")
 
 
 def grpo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: GRPOConfig) -> LossSums:
@@ -332,79 +297,55 @@ def grpo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: GRPOCon
 
 
 # -- rollouts -------------------------------------------------------------------------------------------
-class GRPORollouts:
+class GRPORollouts(ReusedRollout[GRPOBatch]):
     """The loop's ``StepPreparer`` for GRPO: sample, score, compute advantages, split into micro-batches."""
 
     def __init__(
         self,
         config: GRPOConfig,
         tokenizer: PreTrainedTokenizerBase,
-        reward_funcs: Sequence[RewardFunc],
-        reward_weights: Sequence[float],
-        reward_names: Sequence[str],
+        rewards: RewardSet,
         reference: torch.nn.Module | None,
     ) -> None:
-        self.config, self.tokenizer, self.reference = config, tokenizer, reference
-        self.reward_funcs, self.reward_weights, self.reward_names = (
-            list(reward_funcs),
-            list(reward_weights),
-            list(reward_names),
-        )
-        self.steps_per_rollout = config.num_iterations
-        self.current: PreparedStep[GRPOBatch] | None = None
+        super().__init__(GRPOBatch, config.num_iterations)
+        self.config, self.tokenizer, self.rewards, self.reference = config, tokenizer, rewards, reference
 
-    def prepare(
-        self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]], repeat: int
-    ) -> PreparedStep[GRPOBatch]:
-        if repeat > 0 and self.current is not None:
-            return self.current
+    def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[GRPOBatch]:
         c = self.config
         seed = int(torch.randint(0, 2**62, (1,)).item())  # from the loop's RNG: resumes draw the same
-        flat = [p for group in examples for p in group]
         rollout = generate_rollout(
             model,
             self.tokenizer,
-            flat,
+            [p for group in examples for p in group],
             num_generations=c.num_generations,
             max_completion_length=c.max_completion_length,
             temperature=c.temperature,
             top_p=c.top_p,
             seed=seed,
         )
-        per_func = self._score(rollout)  # [N, F]
-        weights = torch.tensor(self.reward_weights, dtype=torch.float32)
-        rewards = (per_func * weights).nansum(dim=1)
-        rewards[torch.isnan(per_func).all(dim=1)] = math.nan
-        advantages = group_advantages(rewards, c.num_generations, c.scale_rewards)
+        scores = self.rewards.score(rollout.prompts, rollout.completions, rollout.columns)
+        advantages = group_advantages(scores.total, c.num_generations, c.scale_rewards)
         device = rollout.completion_ids.device
-        loss_mask = rollout.completion_mask
-        if c.mask_truncated_completions:
-            loss_mask = loss_mask * (~rollout.truncated).long().unsqueeze(1)
-        step_tokens = max(1, int(loss_mask.sum()))
-        sizes = [len(group) * c.num_generations for group in examples]
-        units = [self._units(loss_mask[s : s + n]) for s, n in zip(_starts(sizes), sizes, strict=True)]
-        metric_scale = max(1, sum(units)) / step_tokens
+        loss_mask = rollout.loss_mask(c.mask_truncated_completions)
+        spans = micro_batch_spans([len(group) * c.num_generations for group in examples])
+        units = [self._units(loss_mask[rows]) for rows in spans]
+        metric_scale = max(1, sum(units)) / max(1, int(loss_mask.sum()))
         batches = []
-        for start, size, n_units in zip(_starts(sizes), sizes, units, strict=True):
-            rows = slice(start, start + size)
-            prompt_ids, prompt_mask = trim_left_padding(rollout.prompt_ids[rows], rollout.prompt_mask[rows])
-            width = max(1, int(rollout.completion_mask[rows].sum(dim=1).max()))
-            completion_ids = rollout.completion_ids[rows, :width]
-            completion_mask = loss_mask[rows, :width]
-            args = (prompt_ids, prompt_mask, completion_ids, rollout.completion_mask[rows, :width])
+        for rows, n_units in zip(spans, units, strict=True):
+            part = rollout.select(rows)
             old = None
             if c.num_iterations > 1:
                 with torch.no_grad():
-                    old = completion_logps(model, *args, temperature=c.temperature)[0]
+                    old = completion_logps(model, *part.inputs, temperature=c.temperature)[0]
             ref = None
             if c.beta != 0.0:
-                ref = reference_logps(model, self.reference, *args, temperature=c.temperature)
+                ref = reference_logps(model, self.reference, *part.inputs, temperature=c.temperature)
             batches.append(
                 GRPOBatch(
-                    prompt_ids=prompt_ids,
-                    prompt_mask=prompt_mask,
-                    completion_ids=completion_ids,
-                    completion_mask=completion_mask,
+                    prompt_ids=part.prompt_ids,
+                    prompt_mask=part.prompt_mask,
+                    completion_ids=part.completion_ids,
+                    completion_mask=loss_mask[rows, : part.width],
                     advantages=advantages[rows].to(device),
                     old_logps=old,
                     ref_logps=ref,
@@ -412,8 +353,12 @@ class GRPORollouts:
                     metric_scale=metric_scale,
                 )
             )
-        self.current = PreparedStep(batches, self._metrics(rollout, per_func, rewards))
-        return self.current
+        metrics = {
+            **group_reward_metrics(scores.total, c.num_generations),
+            **completion_metrics(rollout.completion_mask, rollout.truncated),
+            **scores.metrics(),
+        }
+        return PreparedStep(batches, metrics)
 
     def _units(self, mask: torch.Tensor) -> int:
         if self.config.loss_type == "grpo":
@@ -422,90 +367,17 @@ class GRPORollouts:
             return int(mask.size(0)) * self.config.max_completion_length
         return int(mask.sum())
 
-    def _score(self, rollout: Rollout) -> torch.Tensor:
-        columns = []
-        for func, name in zip(self.reward_funcs, self.reward_names, strict=True):
-            scores = func(list(rollout.prompts), list(rollout.completions), **rollout.columns)
-            if len(scores) != len(rollout.completions):
-                raise ValueError(f"reward {name!r} returned {len(scores)} scores for {len(rollout.prompts)}")
-            columns.append([math.nan if s is None else float(s) for s in scores])
-        return torch.tensor(columns, dtype=torch.float32).T
-
-    def _metrics(self, rollout: Rollout, per_func: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
-        g = self.config.num_generations
-        group_std = nanstd(rewards.view(-1, g), dim=1)
-        lengths = rollout.completion_lengths.float()
-        metrics = {
-            "reward": float(torch.nanmean(rewards)),
-            "reward_std": float(torch.nanmean(group_std)),
-            "frac_reward_zero_std": float(
-                torch.isclose(group_std, torch.zeros_like(group_std)).float().mean()
-            ),
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float(rollout.truncated.float().mean()),
-        }
-        for i, name in enumerate(self.reward_names):
-            metrics[f"rewards/{name}/mean"] = float(torch.nanmean(per_func[:, i]))
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.current is None:
-            return {}
-        return {"batches": [b.state_dict() for b in self.current.batches], "metrics": self.current.metrics}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            batches: list[dict[str, Any]] = state["batches"]
-            self.current = PreparedStep([GRPOBatch(**b) for b in batches], dict(state["metrics"]))
-
-
-def _starts(sizes: Sequence[int]) -> list[int]:
-    return [sum(sizes[:i]) for i in range(len(sizes))]
-
 
 # -- entry point ----------------------------------------------------------------------------------------
 def train_grpo(
     config: GRPOConfig,
-    train_rows: Sequence[Mapping[str, Any]],
-    reward_funcs: Sequence[RewardFunc],
+    train_rows: Rows,
+    valid_rows: Rows | None = None,
     callbacks: TrainingCallbacks | None = None,
     *,
-    reward_weights: Sequence[float] | None = None,
-    reward_names: Sequence[str] | None = None,
+    rewards: RewardSet | None = None,
 ) -> TrainResult:
-    """Train ``config.model_path`` with GRPO on the prompts of ``train_rows``.
-
-    ``reward_weights`` (default all 1) weight the reward functions' sum; ``reward_names`` name them in
-    the metrics (default: a grader's name or the function's ``__name__``).
-    """
-    config.validate()
-    if not reward_funcs:
-        raise DataError("GRPO needs at least one reward function", param="grader")
-    weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_funcs)
-    names = (
-        list(reward_names)
-        if reward_names is not None
-        else [reward_name(f, i) for i, f in enumerate(reward_funcs)]
+    """Train ``config.model_path`` with GRPO on the prompts of ``train_rows``, rewarded by ``rewards``."""
+    return train_on_rollouts(
+        config, train_rows, valid_rows, callbacks, rewards, GRPORollouts, grpo_batch_loss
     )
-    if len(weights) != len(reward_funcs) or len(names) != len(reward_funcs):
-        raise ValueError("reward_weights and reward_names need one entry per reward function")
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.model_path)
-    prompts = tokenize_rl_rows(train_rows, tokenizer, max_prompt_length=config.max_prompt_length)
-    device = pick_device()
-    model = load_model(config, device)
-    reference = None
-    if config.beta != 0.0 and not config.use_lora:
-        reference = load_frozen_reference(config.model_path, device)
-    preparer = GRPORollouts(config, tokenizer, reward_funcs, weights, names, reference)
-    task = TrainingTask(
-        model,
-        tokenizer,
-        prompts,
-        _no_collate,
-        partial(grpo_batch_loss, config=config),
-        preparer=preparer,
-    )
-    return run_training(config, task, callbacks)

@@ -20,7 +20,7 @@ IGNORE_INDEX = -100
 class TokenLossSums:
     loss_sum: torch.Tensor  # scalar, float32, differentiable
     n_tokens: int  # target tokens counted
-    n_correct: int  # targets that are the argmax of the logits
+    n_correct: torch.Tensor  # targets that are the argmax of the logits (a scalar: no host sync)
 
 
 def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> TokenLossSums:
@@ -30,11 +30,23 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> TokenLoss
     predicted from positions < t, as in Hugging Face models), ``IGNORE_INDEX`` where there is no target.
     Only target positions are upcast to float32, so the full [B, T, V] tensor is never copied.
     """
-    shift_logits = logits[:, :-1, :]
-    shift_labels = labels[:, 1:]
-    mask = shift_labels != IGNORE_INDEX
-    target_logits = shift_logits[mask].float()  # [N, V]
-    targets = shift_labels[mask]  # [N]
-    loss_sum = F.cross_entropy(target_logits, targets, reduction="sum")
-    n_correct = int((target_logits.detach().argmax(dim=-1) == targets).sum().item())
-    return TokenLossSums(loss_sum=loss_sum, n_tokens=int(targets.numel()), n_correct=n_correct)
+    return next_token_cross_entropy(logits[:, :-1, :], labels[:, 1:])
+
+
+def target_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The positions t (1-D, ascending) whose next token ``labels[:, t + 1]`` is a target in some row: the
+    only positions whose logits the loss reads. Pass them as ``logits_to_keep`` so that the LM head runs
+    on those hidden states only and [B, T, V] is never materialised; the targets are then
+    ``labels[:, positions + 1]``."""
+    return (labels[:, 1:] != IGNORE_INDEX).any(dim=0).nonzero().squeeze(-1)
+
+
+def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> TokenLossSums:
+    """Summed cross-entropy of ``logits`` [B, K, V] against ``targets`` [B, K], already aligned (the
+    logits at a position against the token that follows it), ``IGNORE_INDEX`` where there is no target."""
+    mask = targets != IGNORE_INDEX
+    target_logits = logits[mask].float()  # [N, V]
+    kept = targets[mask]  # [N]
+    loss_sum = F.cross_entropy(target_logits, kept, reduction="sum")
+    n_correct = (target_logits.detach().argmax(dim=-1) == kept).sum()
+    return TokenLossSums(loss_sum=loss_sum, n_tokens=int(kept.numel()), n_correct=n_correct)

@@ -24,8 +24,10 @@ from transformers import (
 )
 
 from trainers.checkpoint import MODEL_DIR
+from trainers.distributed import local_device
+from trainers.registry import choices
 
-PRECISIONS = ("auto", "no", "bf16", "fp16")
+PRECISIONS = choices("supervised", "mixed_precision")
 
 
 class ModelSettings(Protocol):
@@ -41,7 +43,8 @@ class ModelSettings(Protocol):
 
 
 def pick_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    """This process's device: ``cuda:LOCAL_RANK`` on a GPU host (one device per rank), else the CPU."""
+    return local_device()
 
 
 def autocast_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:

@@ -19,36 +19,35 @@ optimizer and checkpointed for resume; the exported model is the policy alone (L
 
     python -c "
     from trainers.ppo import PPOConfig, train_ppo; from trainers.rewards import build_grader
-    from trainers.tiny_model import build_tiny_model
+    from trainers.rl import RewardSet; from trainers.tiny_model import build_tiny_model
     rows = [{'prompt': 'The capital of Peru is'}] * 16
     grader = build_grader({'type': 'string_check', 'name': 'e', 'operation': 'like',
                            'input': '{{sample.output_text}}', 'reference': 'e'})
     config = PPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/ppo-out', max_steps=8)
-    print(train_ppo(config, rows, [grader]))"
+    print(train_ppo(config, rows, rewards=RewardSet.of([grader])))"
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
-from trainers.config import TrainingConfig
-from trainers.errors import DataError
+from trainers.config import RolloutConfig
+from trainers.entry import Rows, begin_training
 from trainers.loop import LossSums, PreparedStep, TrainingTask, run_training
-from trainers.modeling import load_model, load_tokenizer, pick_device
-from trainers.rewards import RewardFunc, ScoreModel, reward_name
-from trainers.rng import seed_everything
+from trainers.modeling import load_model, pick_device
+from trainers.rl import RewardSet, completion_metrics, frozen_reference, reward_evaluator
 from trainers.rollout import (
     RLPrompt,
     forward_completion,
     generate_rollout,
-    load_frozen_reference,
     reference_logps,
     token_logps,
     tokenize_rl_rows,
@@ -57,14 +56,11 @@ from trainers.rollout import (
 
 
 @dataclass
-class PPOConfig(TrainingConfig):
-    """Configuration of a PPO run: the shared fields of ``trainers.config.TrainingConfig``, plus
-
-    Data:
-        max_prompt_length: prompts keep their last this many tokens.
+class PPOConfig(RolloutConfig):
+    """Configuration of a PPO run (one completion per prompt): the shared fields of
+    ``trainers.config.RolloutConfig``, plus
 
     Method:
-        max_completion_length, temperature, top_p: sampling (one completion per prompt).
         num_ppo_epochs: passes over each rollout.
         num_mini_batches: mini-batches (optimizer steps) per pass; must divide the rollout's prompts.
         kl_coef: per-token KL penalty to the reference (the base: adapter disabled for LoRA).
@@ -75,15 +71,13 @@ class PPOConfig(TrainingConfig):
         missing_eos_penalty: subtracted from the score of completions without EOS (None: nothing).
 
     Shared fields as PPO reads them: ``batch_size`` counts prompts per micro-batch; ``max_steps`` counts
-    optimizer steps, each rollout making ``num_ppo_epochs * num_mini_batches`` of them; ``eval_steps``
-    is unused.
+    optimizer steps, each rollout making ``num_ppo_epochs * num_mini_batches`` of them; validation
+    (``eval_steps``) scores the validation prompts' completions.
     """
 
+    method: ClassVar[str] = "ppo"
+
     learning_rate: float = 3e-6
-    max_prompt_length: int = 512
-    max_completion_length: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
     num_ppo_epochs: int = 4
     num_mini_batches: int = 1
     kl_coef: float = 0.05
@@ -95,24 +89,9 @@ class PPOConfig(TrainingConfig):
     whiten_advantages: bool = True
     missing_eos_penalty: float | None = None
 
-    def _data_checks(self) -> dict[str, bool]:
-        return {"max_prompt_length": self.max_prompt_length >= 1}
-
-    def _method_checks(self) -> dict[str, bool]:
-        rollout = self.batch_size * self.gradient_accumulation_steps
-        return {
-            "max_completion_length": self.max_completion_length >= 1,
-            "temperature": self.temperature > 0,
-            "top_p": 0.0 < self.top_p <= 1.0,
-            "num_ppo_epochs": self.num_ppo_epochs >= 1,
-            "num_mini_batches": self.num_mini_batches >= 1 and rollout % self.num_mini_batches == 0,
-            "kl_coef": self.kl_coef >= 0,
-            "gamma": 0.0 <= self.gamma <= 1.0,
-            "lam": 0.0 <= self.lam <= 1.0,
-            "cliprange": self.cliprange > 0,
-            "cliprange_value": self.cliprange_value > 0,
-            "vf_coef": self.vf_coef >= 0,
-        }
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef != 0
 
 
 # -- pure functions -------------------------------------------------------------------------------------
@@ -147,6 +126,35 @@ def gae(
     return advantages * mask, (advantages + values) * mask
 
 
+def per_token_rewards(
+    scores: torch.Tensor,
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards of a rollout (Ouyang et al. 2022, eq. 2; Ziegler et al. 2019) and the KL.
+
+    scores: [B], one per completion; logps, ref_logps, mask: [B, T], ``mask`` a prefix of each row (the
+    completion, EOS included). The score is paid at the last real token, the KL penalty at every token:
+
+        kl_t = log π_old(o_t) - log π_ref(o_t),    r_t = -kl_coef · kl_t + [t = last] · score
+
+    Returns (rewards, kl), [B, T], zero outside the mask (an empty completion gets its score at t = 0).
+
+    >>> lp, ref = torch.tensor([[-1.0, -2.0, -0.5]]), torch.tensor([[-1.5, -1.0, -0.3]])
+    >>> per_token_rewards(torch.tensor([3.0]), lp, ref, torch.ones(1, 3), kl_coef=0.1)[0]
+    tensor([[-0.0500,  0.1000,  3.0200]])
+    """
+    mask = mask.to(logps.dtype)
+    kl = (logps - ref_logps) * mask
+    rewards = -kl_coef * kl
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    rewards[torch.arange(len(last)), last] += scores.to(rewards.dtype)
+    return rewards, kl
+
+
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the masked entries (unbiased variance); 0 outside the mask.
 
@@ -155,6 +163,8 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     """
     mask = mask.to(x.dtype)
     n = mask.sum()
+    if n == 0:  # nothing to whiten (e.g. no completion of the rollout was scored)
+        return torch.zeros_like(x)
     mean = (x * mask).sum() / n
     var = (((x - mean) ** 2) * mask).sum() / n
     if n > 1:
@@ -361,22 +371,11 @@ class PPORollouts:
         config: PPOConfig,
         tokenizer: PreTrainedTokenizerBase,
         value_head: torch.nn.Module,
-        reward_funcs: Sequence[RewardFunc],
-        reward_weights: Sequence[float],
-        reward_names: Sequence[str],
+        rewards: RewardSet,
         reference: torch.nn.Module | None,
     ) -> None:
-        self.config, self.tokenizer, self.value_head, self.reference = (
-            config,
-            tokenizer,
-            value_head,
-            reference,
-        )
-        self.reward_funcs, self.reward_weights, self.reward_names = (
-            list(reward_funcs),
-            list(reward_weights),
-            list(reward_names),
-        )
+        self.config, self.tokenizer, self.value_head = config, tokenizer, value_head
+        self.rewards, self.reference = rewards, reference
         self.steps_per_rollout = config.num_ppo_epochs * config.num_mini_batches
         self.rollout: PPOBatch | None = None
         self.order: torch.Tensor | None = None  # [num_ppo_epochs, N] row order of each pass
@@ -396,20 +395,17 @@ class PPORollouts:
             top_p=c.top_p,
             seed=seed,
         )
-        args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        scored = self.rewards.score(r.prompts, r.completions, r.columns)
+        # a completion no reward function scored carries no signal: it leaves the loss (mask 0)
+        completion_mask = r.completion_mask * scored.scored.to(r.completion_mask.device).unsqueeze(1)
+        args = (r.prompt_ids, r.prompt_mask, r.completion_ids, completion_mask)
         logps, _, values = policy_and_values(model, self.value_head, *args, temperature=c.temperature)
         ref = reference_logps(model, self.reference, *args, temperature=c.temperature) if c.kl_coef else logps
-        per_func = torch.tensor(
-            [list(map(float, f(r.prompts, r.completions, **r.columns))) for f in self.reward_funcs]
-        ).T  # [N, F]
-        scores = (per_func * torch.tensor(self.reward_weights)).sum(dim=1)
+        scores = torch.nan_to_num(scored.total, nan=0.0)
         if c.missing_eos_penalty is not None:
             scores = scores - c.missing_eos_penalty * r.truncated.float().cpu()
-        mask = r.completion_mask.float()
-        kl = (logps - ref) * mask
-        rewards = -c.kl_coef * kl
-        last = (r.completion_mask.sum(dim=1) - 1).clamp(min=0)
-        rewards[torch.arange(len(last)), last] += scores.to(rewards.device)
+        mask = completion_mask.float()  # unscored rows are all 0: gae zeroes their rewards too
+        rewards, kl = per_token_rewards(scores.to(logps.device), logps, ref, mask, kl_coef=c.kl_coef)
         advantages, returns = gae(rewards, values, mask, gamma=c.gamma, lam=c.lam)
         if c.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
@@ -418,16 +414,13 @@ class PPORollouts:
         self.order = torch.stack(
             [torch.randperm(len(prompts), generator=generator) for _ in range(c.num_ppo_epochs)]
         )
-        lengths = mask.sum(dim=1)
+        n_scored = scored.scored.to(mask.device)
         self.metrics = {
-            "score": float(scores.mean()),
-            "kl": float(kl.sum(dim=1).mean()),
+            "score": float(scores[scored.scored].mean()) if bool(scored.scored.any()) else math.nan,
+            "kl": float(kl.sum(dim=1)[n_scored].mean()) if bool(n_scored.any()) else math.nan,
             "returns": float((returns * mask).sum() / mask.sum().clamp(min=1.0)),
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float(r.truncated.float().mean()),
-            **{f"rewards/{n}/mean": float(per_func[:, i].mean()) for i, n in enumerate(self.reward_names)},
+            **completion_metrics(r.completion_mask, r.truncated),
+            **scored.metrics(),
         }
 
     def prepare(
@@ -460,46 +453,27 @@ class PPORollouts:
 # -- entry point ----------------------------------------------------------------------------------------
 def train_ppo(
     config: PPOConfig,
-    train_rows: Sequence[Mapping[str, Any]],
-    reward_funcs: Sequence[RewardFunc] = (),
+    train_rows: Rows,
+    valid_rows: Rows | None = None,
     callbacks: TrainingCallbacks | None = None,
     *,
-    reward_weights: Sequence[float] | None = None,
-    reward_names: Sequence[str] | None = None,
-    reward_model_path: str | None = None,
+    rewards: RewardSet | None = None,
 ) -> TrainResult:
-    """Train ``config.model_path`` with PPO on the prompts of ``train_rows``.
-
-    The score is the weighted sum of ``reward_funcs`` (weights default to 1); ``reward_model_path``
-    adds a sequence-classification reward model (the ``score_model`` grader) to them.
-    """
-    config.validate()
-    funcs = list(reward_funcs)
-    if reward_model_path is not None:
-        funcs.append(ScoreModel("reward_model", reward_model_path))
-    if not funcs:
-        raise DataError("PPO needs a reward function or a reward model", param="grader")
-    weights = list(reward_weights) if reward_weights is not None else [1.0] * len(funcs)
-    names = (
-        list(reward_names) if reward_names is not None else [reward_name(f, i) for i, f in enumerate(funcs)]
-    )
-    if len(weights) != len(funcs) or len(names) != len(funcs):
-        raise ValueError("reward_weights and reward_names need one entry per reward function")
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.model_path)
+    """Train ``config.model_path`` with PPO on the prompts of ``train_rows``; the score is ``rewards``'
+    weighted sum (a reward model is a ``score_model`` grader, ``trainers.rewards.ScoreModel``)."""
+    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
+    assert rewards is not None  # begin_training refuses an RL run without rewards
     prompts = tokenize_rl_rows(train_rows, tokenizer, max_prompt_length=config.max_prompt_length)
+    evaluate = reward_evaluator(config, tokenizer, valid_rows, rewards)
     device = pick_device()
     model = load_model(config, device)
     model_config: Any = model.config
-    hidden = int(model_config.hidden_size)
-    value_head = torch.nn.Linear(hidden, 1)
+    value_head = torch.nn.Linear(int(model_config.hidden_size), 1)
     torch.nn.init.zeros_(value_head.weight)
     torch.nn.init.zeros_(value_head.bias)
     value_head = value_head.to(device)
-    reference = None
-    if config.kl_coef != 0 and not config.use_lora:
-        reference = load_frozen_reference(config.model_path, device)
-    preparer = PPORollouts(config, tokenizer, value_head, funcs, weights, names, reference)
+    reference = frozen_reference(config, device, kl=config.uses_reference)
+    preparer = PPORollouts(config, tokenizer, value_head, rewards, reference)
     task = TrainingTask(
         model,
         tokenizer,
@@ -508,6 +482,7 @@ def train_ppo(
         partial(ppo_batch_loss, value_head=value_head, config=config),
         preparer=preparer,
         extra_trainable=value_head,
+        evaluate=evaluate,
     )
     return run_training(config, task, callbacks)
 
@@ -518,6 +493,7 @@ __all__ = [
     "PPORollouts",
     "gae",
     "masked_whiten",
+    "per_token_rewards",
     "ppo_loss",
     "ppo_loss_terms",
     "train_ppo",

@@ -36,9 +36,13 @@ __all__ = [
     "PreferenceBatch",
     "PreferenceExample",
     "PreferenceFormat",
+    "SequenceRows",
     "collate_preferences",
     "detect_preference_format",
     "encode_prompt_completion",
+    "pad_sequences",
+    "prompt_completion_texts",
+    "stack_rows",
     "tokenize_preference_rows",
 ]
 
@@ -175,11 +179,36 @@ class PreferenceBatch:
         )
 
 
-def collate_preferences(examples: Sequence[PreferenceExample], *, pad_token_id: int) -> PreferenceBatch:
-    """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows."""
-    rows = [(e.prompt_ids, e.chosen_ids) for e in examples] + [
-        (e.prompt_ids, e.rejected_ids) for e in examples
-    ]
+@dataclass(frozen=True)
+class SequenceRows:
+    """Right-padded prompt + completion rows."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    completion_mask: torch.Tensor  # [B, T] bool: token t is a completion token (a target)
+
+    def to(self, device: torch.device) -> SequenceRows:
+        return SequenceRows(
+            self.input_ids.to(device, non_blocking=True),
+            self.attention_mask.to(device, non_blocking=True),
+            self.completion_mask.to(device, non_blocking=True),
+        )
+
+
+def stack_rows(first: SequenceRows, second: SequenceRows) -> SequenceRows:
+    """``first``'s rows then ``second``'s, right-padded to the wider (pad positions are masked out, so
+    their token id does not matter: 0)."""
+    width = max(first.input_ids.shape[1], second.input_ids.shape[1])
+
+    def stack(name: str) -> torch.Tensor:
+        parts = [getattr(rows, name) for rows in (first, second)]
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in parts])
+
+    return SequenceRows(stack("input_ids"), stack("attention_mask"), stack("completion_mask"))
+
+
+def pad_sequences(rows: Sequence[tuple[list[int], list[int]]], *, pad_token_id: int) -> SequenceRows:
+    """Right-pad (prompt, completion) token lists to the longest row."""
     width = max(len(p) + len(c) for p, c in rows)
     input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -189,16 +218,25 @@ def collate_preferences(examples: Sequence[PreferenceExample], *, pad_token_id: 
         input_ids[i, :n] = torch.tensor(prompt + completion)
         attention_mask[i, :n] = 1
         completion_mask[i, len(prompt) : n] = True
+    return SequenceRows(input_ids, attention_mask, completion_mask)
+
+
+def collate_preferences(examples: Sequence[PreferenceExample], *, pad_token_id: int) -> PreferenceBatch:
+    """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows."""
+    rows = pad_sequences(
+        [(e.prompt_ids, e.chosen_ids) for e in examples] + [(e.prompt_ids, e.rejected_ids) for e in examples],
+        pad_token_id=pad_token_id,
+    )
     precomputed = all(e.ref_chosen_logp is not None and e.ref_rejected_logp is not None for e in examples)
     return PreferenceBatch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        completion_mask=completion_mask,
+        input_ids=rows.input_ids,
+        attention_mask=rows.attention_mask,
+        completion_mask=rows.completion_mask,
         margins=torch.tensor([e.margin for e in examples], dtype=torch.float32),
         ref_chosen_logps=torch.tensor([e.ref_chosen_logp for e in examples]) if precomputed else None,
         ref_rejected_logps=torch.tensor([e.ref_rejected_logp for e in examples]) if precomputed else None,
         n_pairs=len(examples),
-        n_inputs=int(attention_mask.sum().item()),
+        n_inputs=int(rows.attention_mask.sum().item()),
     )
 
 
@@ -223,18 +261,33 @@ def _texts(
             raise DataError('"non_preferred_output" must be a list of messages')
     else:
         prompt, chosen, rejected = row["prompt"], row["chosen"], row["rejected"]
-    if not any(isinstance(v, list) for v in (prompt, chosen, rejected)):
-        for name, value in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
-            _require_str(value, name)
-        return bos + prompt, chosen + eos, rejected + eos
+    prompt_text, (chosen_text, rejected_text) = prompt_completion_texts(
+        tokenizer, prompt, {"chosen": chosen, "rejected": rejected}, bos=bos, eos=eos
+    )
+    return prompt_text, chosen_text, rejected_text
+
+
+def prompt_completion_texts(
+    tokenizer: PreTrainedTokenizerBase, prompt: Any, completions: Mapping[str, Any], *, bos: str, eos: str
+) -> tuple[str, list[str]]:
+    """The prompt's text and each completion's (``completions``: field name -> value), as training reads
+    them: all strings give ``BOS + prompt`` and ``completion + EOS``; when any is a message list, the
+    prompt is rendered with the chat template and its generation prompt, and each completion is what
+    rendering prompt + completion adds (a string there is a user prompt or an assistant answer)."""
+    if not any(isinstance(v, list) for v in (prompt, *completions.values())):
+        _require_str(prompt, "prompt")
+        return bos + prompt, [_require_str(value, name) + eos for name, value in completions.items()]
     prompt_msgs = _messages(prompt, "prompt", default_role="user")
-    chosen_msgs = _messages(chosen, "chosen", default_role="assistant")
-    rejected_msgs = _messages(rejected, "rejected", default_role="assistant")
     if not prompt_msgs:
         raise DataError("the prompt must have at least one message")
     prompt_text = _render(tokenizer, prompt_msgs, generation_prompt=True)
-    chosen_text = _completion(tokenizer, prompt_msgs, prompt_text, chosen_msgs)
-    return prompt_text, chosen_text, _completion(tokenizer, prompt_msgs, prompt_text, rejected_msgs)
+    texts = [
+        _completion(
+            tokenizer, prompt_msgs, prompt_text, _messages(value, name, default_role="assistant"), name
+        )
+        for name, value in completions.items()
+    ]
+    return prompt_text, texts
 
 
 def _completion(
@@ -242,9 +295,10 @@ def _completion(
     prompt_msgs: list[dict[str, str]],
     prompt_text: str,
     completion_msgs: list[dict[str, str]],
+    name: str,
 ) -> str:
     if not completion_msgs:
-        raise DataError("the chosen and rejected outputs must have at least one message")
+        raise DataError(f'"{name}" must have at least one message')
     full = _render(tokenizer, [*prompt_msgs, *completion_msgs], generation_prompt=False)
     if not full.startswith(prompt_text):
         raise RuntimeError("the chat template does not render conversations incrementally")

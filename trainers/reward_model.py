@@ -16,39 +16,35 @@ a ``(prompts, completions) -> scores`` callable for graders and PPO. The loop is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
-from trainers.config import TrainingConfig
-from trainers.loop import LossSums, TrainingTask, run_training
+from trainers.entry import Rows
+from trainers.loop import LossSums
 from trainers.modeling import load_sequence_classifier, load_tokenizer, pick_device
+from trainers.pairs import PairConfig, train_on_pairs
 from trainers.preference_data import (
     PreferenceBatch,
-    collate_preferences,
     encode_prompt_completion,
-    tokenize_preference_rows,
 )
-from trainers.rng import seed_everything
+
+if TYPE_CHECKING:
+    from trainers.rl import RewardSet
 
 RewardScorer = Callable[[list[str], list[str]], list[float]]
 
 
 @dataclass
-class RewardModelConfig(TrainingConfig):
-    """Configuration of a reward-model run: the shared fields of ``trainers.config.TrainingConfig``, plus
-
-    Data:
-        max_length: prompt + completion is truncated to this many tokens; a pair left with no chosen or
-            no rejected token is dropped. Rows may carry a numeric ``margin`` (default 0).
-        max_prompt_length: the prompt is first cut to its last this many tokens (None: not cut).
+class RewardModelConfig(PairConfig):
+    """Configuration of a reward-model run: the fields of ``trainers.pairs.PairConfig`` (``max_length``,
+    ``max_prompt_length``); rows may carry a numeric ``margin`` (default 0).
 
     Shared fields as the reward model reads them: ``model_path`` is a causal LM on which a scalar
     ``score`` head is added; ``use_lora`` trains a LoRA adapter plus the whole head (merged for the final
@@ -58,15 +54,9 @@ class RewardModelConfig(TrainingConfig):
     ``valid_accuracy``.
     """
 
-    learning_rate: float = 1e-4
-    max_length: int = 1024
-    max_prompt_length: int | None = None
+    method: ClassVar[str] = "reward_model"
 
-    def _data_checks(self) -> dict[str, bool]:
-        return {
-            "max_length": self.max_length >= 2,
-            "max_prompt_length": self.max_prompt_length is None or self.max_prompt_length >= 1,
-        }
+    learning_rate: float = 1e-4
 
 
 def pairwise_loss(
@@ -106,28 +96,20 @@ def reward_model_loss(model: torch.nn.Module, batch: PreferenceBatch) -> LossSum
 
 def train_reward_model(
     config: RewardModelConfig,
-    train_rows: Sequence[Mapping[str, Any]],
-    valid_rows: Sequence[Mapping[str, Any]] | None = None,
+    train_rows: Rows,
+    valid_rows: Rows | None = None,
     callbacks: TrainingCallbacks | None = None,
+    *,
+    rewards: RewardSet | None = None,
 ) -> TrainResult:
     """Train a reward model on preference rows; raise ``DataError`` when the data is at fault."""
-    config.validate()
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.model_path)
-    tokenize = partial(
-        tokenize_preference_rows,
-        tokenizer=tokenizer,
-        max_length=config.max_length,
-        max_prompt_length=config.max_prompt_length,
+    return train_on_pairs(
+        config, reward_model_loss, train_rows, valid_rows, callbacks, rewards=rewards, load=_classifier
     )
-    train = tokenize(train_rows, param="training_file")
-    valid = tokenize(valid_rows, param="validation_file") if valid_rows else None
-    pad_id = tokenizer.pad_token_id
-    assert isinstance(pad_id, int)
-    model = load_sequence_classifier(config, pick_device(), pad_token_id=pad_id)
-    collate = partial(collate_preferences, pad_token_id=pad_id)
-    task = TrainingTask(model, tokenizer, train, collate, reward_model_loss, valid)
-    return run_training(config, task, callbacks)
+
+
+def _classifier(config: PairConfig, device: torch.device, pad_token_id: int) -> torch.nn.Module:
+    return load_sequence_classifier(config, device, pad_token_id=pad_token_id)
 
 
 def load_reward_scorer(
@@ -138,15 +120,21 @@ def load_reward_scorer(
     max_length: int = 1024,
 ) -> RewardScorer:
     """A ``(prompts, completions) -> scores`` callable on a reward-model folder (a final checkpoint's
-    ``model/``): batched, without gradients.
+    ``model/``): batched, without gradients. The one scorer of the library: the ``score_model`` grader
+    (``trainers.rewards.ScoreModel``) is this.
 
     A prompt is plain text or text already rendered by the chat template with its generation prompt
-    (``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``); a completion is the
-    generated text (EOS is appended unless present), so pairs are encoded as in training.
+    (``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``, as RL rollouts render
+    ``{"messages"}`` rows); a completion is the generated text. Pairs are encoded as training encodes
+    them (``encode_prompt_completion``): BOS unless the prompt starts with it, EOS appended unless the
+    completion ends with it, prompt and completion tokenized separately, truncated to ``max_length``.
+    Raises ``OSError`` if the folder cannot be loaded, ``ValueError`` if it is not a one-output model.
     """
     device = device or pick_device()
     tokenizer = load_tokenizer(str(path))
     model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
+    if model.config.num_labels != 1:
+        raise ValueError(f"a reward model has one output (num_labels=1), not {model.config.num_labels}")
     model = torch.nn.Module.to(model, device).eval()
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)

@@ -32,7 +32,6 @@ import ast
 import difflib
 import json
 import math
-import operator
 import re
 import subprocess
 import sys
@@ -41,9 +40,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import torch
-
+from trainers import formula as formula_checker
 from trainers.errors import DataError
+from trainers.formula import eval_formula
 
 __all__ = [
     "GRADER_TYPES",
@@ -59,12 +58,16 @@ __all__ = [
 GRADER_TYPES = ("string_check", "text_similarity", "score_model", "multi", "python")
 STRING_OPERATIONS = ("eq", "ne", "like", "ilike")
 SIMILARITY_METRICS = ("fuzzy_match", "bleu")
-FORMULA_FUNCTIONS: dict[str, Callable[..., float]] = {"min": min, "max": max, "abs": abs}
 _TEMPLATE = re.compile(r"\{\{\s*(sample|item)\.([A-Za-z0-9_.\-]+)\s*\}\}")
+_BRACED = re.compile(r"\{\{.*?\}\}")
 
 
 class RewardFunc(Protocol):
-    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]: ...
+    """One score per completion; ``None`` where it cannot judge one (see ``trainers.rl``)."""
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], **columns: list[Any]
+    ) -> Sequence[float | None]: ...
 
 
 class GraderError(DataError):
@@ -207,9 +210,10 @@ class TextSimilarity:
 
 # -- score_model ----------------------------------------------------------------------------------------
 class ScoreModel:
-    """The scalar output of a sequence-classification reward model (``num_labels=1``) on prompt +
-    completion, batched, without gradients. ``prompts`` are the prompts as the policy saw them (chat
-    template applied), so prompt + completion is the text the policy produced.
+    """The scalar output of a reward model (a ``reward_model`` run's final ``model/`` folder) on prompt +
+    completion: ``trainers.reward_model.load_reward_scorer``, which encodes the pair exactly as reward-model
+    training does. ``prompts`` are the prompts as the policy saw them (chat template applied), so prompt +
+    completion is the text the policy produced.
 
     >>> scorer = ScoreModel("rm", "/path/to/reward-model")  # doctest: +SKIP
     >>> scorer(["<|user|>\\nHi<|end|><|assistant|>\\n"], ["Hello!"])  # doctest: +SKIP
@@ -217,111 +221,27 @@ class ScoreModel:
     """
 
     def __init__(self, name: str, model_path: str, *, batch_size: int = 16, param: str = "grader") -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from trainers.reward_model import load_reward_scorer
 
         self.__name__ = name
-        self.batch_size = batch_size
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-            model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
+            self.score = load_reward_scorer(model_path, batch_size=batch_size)
         except (OSError, ValueError) as exc:
             raise GraderError(
                 f"cannot load the reward model at {model_path}: {exc}", f"{param}.model"
             ) from exc
-        if model.config.num_labels != 1:
-            raise GraderError(
-                f"the reward model must have one output (num_labels=1), not {model.config.num_labels}",
-                f"{param}.model",
-            )
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        if model.config.pad_token_id is None:
-            model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.tokenizer.padding_side = "right"
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self.model: Any = torch.nn.Module.to(model.eval(), device)
-        self.device = device
 
-    @torch.no_grad()
     def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
-        texts = [p + c for p, c in zip(prompts, completions, strict=True)]
-        scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(
-                texts[start : start + self.batch_size],
-                add_special_tokens=False,
-                padding=True,
-                return_tensors="pt",
-            ).to(self.device)
-            logits = self.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-            scores += [float(x) for x in logits[:, 0].float().cpu()]
-        return scores
+        return self.score(prompts, completions)
 
 
 # -- multi ----------------------------------------------------------------------------------------------
-_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-}
-_UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
 def parse_formula(formula: str, names: Sequence[str], *, param: str) -> ast.Expression:
-    """Parse ``calculate_output``; raise ``GraderError`` on anything but numbers, names, + - * / and
-    min/max/abs calls."""
+    """``trainers.formula.parse_formula``, its ``FormulaError`` as a ``GraderError`` naming ``param``."""
     try:
-        tree = ast.parse(formula, mode="eval")
-    except SyntaxError as exc:
-        raise GraderError(f"calculate_output is not a valid formula: {exc.msg}", param) from exc
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            if not (isinstance(node.func, ast.Name) and node.func.id in FORMULA_FUNCTIONS) or node.keywords:
-                raise GraderError("calculate_output may only call min, max and abs", param)
-            if not node.args:
-                raise GraderError("min, max and abs need arguments", param)
-        elif isinstance(node, ast.Name):
-            if node.id not in names and node.id not in FORMULA_FUNCTIONS:
-                raise GraderError(f"calculate_output uses {node.id!r}, which is not a grader name", param)
-        elif isinstance(node, ast.Constant):
-            if isinstance(node.value, bool) or not isinstance(node.value, int | float):
-                raise GraderError("calculate_output may only contain numbers", param)
-        elif isinstance(node, ast.BinOp):
-            if type(node.op) not in _BINARY:
-                raise GraderError("calculate_output may only use + - * /", param)
-        elif isinstance(node, ast.UnaryOp):
-            if type(node.op) not in _UNARY:
-                raise GraderError("calculate_output may only use + - * /", param)
-        elif not isinstance(node, ast.Expression | ast.Load | ast.operator | ast.unaryop):
-            raise GraderError(f"calculate_output may not contain {type(node).__name__}", param)
-    return tree
-
-
-def eval_formula(tree: ast.Expression, values: Mapping[str, float]) -> float:
-    """Evaluate a formula checked by ``parse_formula``.
-
-    >>> eval_formula(parse_formula("0.5 * a + max(b, 0.2) / 2", ["a", "b"], param="p"), {"a": 1.0, "b": 0.0})
-    0.6
-    """
-
-    def ev(node: ast.expr) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return float(node.value)
-        if isinstance(node, ast.Name):
-            return values[node.id]
-        if isinstance(node, ast.BinOp):
-            left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Div) and right == 0:
-                return math.nan
-            return _BINARY[type(node.op)](left, right)
-        if isinstance(node, ast.UnaryOp):
-            return _UNARY[type(node.op)](ev(node.operand))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            return float(FORMULA_FUNCTIONS[node.func.id](*[ev(arg) for arg in node.args]))
-        raise AssertionError(f"unchecked formula node {type(node).__name__}")
-
-    return ev(tree.body)
+        return formula_checker.parse_formula(formula, names)
+    except formula_checker.FormulaError as exc:
+        raise GraderError(str(exc), param) from exc
 
 
 class MultiGrader:
@@ -341,12 +261,17 @@ class MultiGrader:
         self.graders = dict(graders)
         self.tree = parse_formula(formula, list(graders), param=f"{param}.calculate_output")
 
-    def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
+    def __call__(
+        self, prompts: list[str], completions: list[str], **columns: list[Any]
+    ) -> list[float | None]:
         scores = {name: g(prompts, completions, **columns) for name, g in self.graders.items()}
-        return [
-            eval_formula(self.tree, {name: s[i] for name, s in scores.items()})
-            for i in range(len(completions))
-        ]
+        out: list[float | None] = []
+        for i in range(len(completions)):
+            values = {name: s[i] for name, s in scores.items()}
+            judged = {name: v for name, v in values.items() if v is not None}
+            # a sub-grader that could not judge leaves the combination unjudged (None, see trainers.rl)
+            out.append(eval_formula(self.tree, judged) if len(judged) == len(values) else None)
+        return out
 
 
 # -- python ---------------------------------------------------------------------------------------------
@@ -468,6 +393,14 @@ def validate_grader(spec: Any, *, param: str = "grader", allow_python: bool = Tr
             for match in _TEMPLATE.finditer(value):
                 if match.group(1) == "sample" and match.group(2) != "output_text":
                     raise GraderError(f"unknown template variable sample.{match.group(2)}", f"{param}.{key}")
+            # a `{{...}}` that is not a variable would be compared as literal text: surely a typo
+            for braced in _BRACED.findall(value):
+                if not _TEMPLATE.fullmatch(braced):
+                    raise GraderError(
+                        f"{braced} is not a template variable; use {{{{sample.output_text}}}} or "
+                        "{{item.<field>}}",
+                        f"{param}.{key}",
+                    )
     if kind == "string_check" and spec.get("operation") not in STRING_OPERATIONS:
         raise GraderError(
             f"operation must be one of {', '.join(STRING_OPERATIONS)}, not {spec.get('operation')!r}",

@@ -1,4 +1,5 @@
-"""Rollouts for online RL (GRPO, PPO): prompts from RL rows, batched sampling, per-token log-probs.
+"""Rollouts for the online methods (GRPO, PPO, RLOO, online DPO): prompts from RL rows, batched sampling,
+per-token log-probs, and the micro-batches and step-preparer base they share.
 
 RL rows are ``{"messages": [...]}`` (rendered with the chat template and its generation prompt) or
 ``{"prompt": str}``; every other field is a column handed to the reward functions. ``generate_rollout``
@@ -8,13 +9,17 @@ covers its tokens up to and including EOS; a completion without EOS is ``truncat
 
 ``completion_logps`` gives log p(o_t | q, o_<t) of each completion token under a model, with logits
 divided by the sampling temperature, as the policy-gradient losses need.
+
+A step preparer (``trainers.loop.StepPreparer``) subclasses ``ReusedRollout``: its ``rollout`` samples,
+scores, and splits the rollout into ``micro_batch_spans`` (``Rollout.select`` trims their padding) of
+``RolloutBatch``es, which the loop trains on for ``steps_per_rollout`` steps and checkpoints while in use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Generic, NoReturn, Self, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainers.data import _bos_text
 from trainers.errors import DataError
+from trainers.loop import PreparedStep
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,40 @@ class Rollout:
     def completion_lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(dim=1)
 
+    def loss_mask(self, mask_truncated: bool) -> torch.Tensor:
+        """The completion mask, zero on truncated completions if ``mask_truncated`` (they get no loss)."""
+        if not mask_truncated:
+            return self.completion_mask
+        return self.completion_mask * (~self.truncated).long().unsqueeze(1)
+
+    def select(self, rows: slice) -> RolloutRows:
+        """Rows ``rows`` (a micro-batch), without the columns that are padding in all of them."""
+        prompt_ids, prompt_mask = trim_left_padding(self.prompt_ids[rows], self.prompt_mask[rows])
+        width = max(1, int(self.completion_mask[rows].sum(dim=1).max()))
+        return RolloutRows(
+            prompt_ids,
+            prompt_mask,
+            self.completion_ids[rows, :width],
+            self.completion_mask[rows, :width],
+            width,
+        )
+
+
+@dataclass(frozen=True)
+class RolloutRows:
+    """Some rows of a rollout, trimmed: prompts [n, P'], completions [n, C'] (C' = ``width``)."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    width: int
+
+    @property
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The arguments of ``completion_logps`` and ``reference_logps``."""
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in sequences)
@@ -137,8 +177,10 @@ def generate_rollout(
     temperature: float = 1.0,
     top_p: float = 1.0,
     seed: int,
+    greedy: bool = False,
 ) -> Rollout:
-    """Sample ``num_generations`` completions per prompt with the KV cache, seeded by ``seed``.
+    """Sample ``num_generations`` completions per prompt with the KV cache, seeded by ``seed``
+    (``greedy``: the most likely token at each step instead, as validation does by default).
 
     The model is put in eval mode for sampling (no dropout) and restored to its mode afterwards. The
     global RNG is left as it was: sampling draws from a generator forked and seeded with ``seed``.
@@ -156,13 +198,13 @@ def generate_rollout(
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             generate: Any = model.generate  # transformers types generate() loosely
+            # greedy decoding takes no sampling knobs (transformers warns when they are given)
+            sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0}
             output = generate(
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,
-                do_sample=True,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=0,
+                do_sample=not greedy,
+                **sampling,
                 max_new_tokens=max_completion_length,
                 eos_token_id=eos_id,
                 pad_token_id=pad_id,
@@ -266,3 +308,88 @@ def reference_logps(
         raise ValueError("a reference model is needed to compute a KL to the base without LoRA")
     with model.disable_adapter():
         return completion_logps(model, *args, temperature=temperature)[0]
+
+
+# -- what the online methods' step preparers share -----------------------------------------------------
+def micro_batch_spans(sizes: Sequence[int]) -> list[slice]:
+    """Consecutive row ranges of the given sizes: a rollout's micro-batches.
+
+    >>> micro_batch_spans([4, 4, 2])
+    [slice(0, 4, None), slice(4, 8, None), slice(8, 10, None)]
+    """
+    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    return [slice(end - size, end) for end, size in zip(ends, sizes, strict=True)]
+
+
+def rollout_only(examples: Sequence[RLPrompt]) -> NoReturn:
+    """The ``collate`` of online methods' tasks: their batches come from the step preparer."""
+    raise TypeError(
+        "online methods build their batches from rollouts in their StepPreparer, not by collating"
+    )
+
+
+@dataclass
+class RolloutBatch:
+    """Base of the micro-batches online methods build from a rollout: prompts [n, P] (left-padded) and
+    completions [n, C]; subclasses add their tensors and say what their loss units are."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+
+    @property
+    def loss_denominator(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.prompt_mask.sum()) + int(self.completion_mask.sum())
+
+    def to(self, device: torch.device) -> Self:
+        moved = {
+            f.name: v.to(device) for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpointable copy: the fields, tensors on the CPU."""
+        return {
+            f.name: v.cpu() if isinstance(v := getattr(self, f.name), torch.Tensor) else v
+            for f in fields(self)
+        }
+
+
+BatchT = TypeVar("BatchT", bound=RolloutBatch)
+
+
+class ReusedRollout(Generic[BatchT]):
+    """Base of the step preparers that train on one rollout for ``steps_per_rollout`` consecutive optimizer
+    steps: ``rollout`` samples and builds the batches at repeat 0; later repeats (and a run resumed between
+    them, from ``state_dict``) reuse them."""
+
+    def __init__(self, batch_type: type[BatchT], steps_per_rollout: int) -> None:
+        self.batch_type, self.steps_per_rollout = batch_type, steps_per_rollout
+        self.current: PreparedStep[BatchT] | None = None
+        self.spent = False  # the current rollout's last step is done: a checkpoint need not carry it
+
+    def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[BatchT]:
+        raise NotImplementedError
+
+    def prepare(
+        self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]], repeat: int
+    ) -> PreparedStep[BatchT]:
+        if repeat == 0 or self.current is None:
+            self.current = self.rollout(model, examples)
+        self.spent = repeat == self.steps_per_rollout - 1
+        return self.current
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.current is None or self.spent:
+            return {}
+        return {"batches": [b.state_dict() for b in self.current.batches], "metrics": self.current.metrics}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            batches: list[dict[str, Any]] = state["batches"]
+            self.current = PreparedStep([self.batch_type(**b) for b in batches], dict(state["metrics"]))

@@ -11,7 +11,9 @@ from functools import partial
 
 import torch
 
-SCHEDULES = ("linear", "cosine", "constant")
+from trainers.registry import choices
+
+SCHEDULES = choices("supervised", "lr_scheduler")
 
 
 def lr_multiplier(step: int, *, kind: str, warmup_steps: int, total_steps: int) -> float:

@@ -14,21 +14,24 @@ fine-tuning, optional padding-free packing; the loop itself is ``trainers.loop``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.collate import SFTBatch, pack_batch, pad_batch
 from trainers.config import TrainingConfig
-from trainers.data import tokenize_sft_rows
+from trainers.data import TokenizedExample, tokenize_sft_rows
+from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.losses import token_cross_entropy
-from trainers.modeling import load_model, load_tokenizer, pick_device
-from trainers.rng import seed_everything
+from trainers.losses import next_token_cross_entropy
+from trainers.modeling import load_model, pick_device
+
+if TYPE_CHECKING:
+    from trainers.rl import RewardSet
 
 
 @dataclass
@@ -37,48 +40,55 @@ class SFTConfig(TrainingConfig):
 
     Data:
         max_length: examples are truncated to this many tokens; those left with no target are dropped.
-        packing: concatenate each micro-batch into one row without padding (position ids restart per
-            example, so examples do not attend to each other). Same loss as padded batches.
+        packing: bin each micro-batch's examples into rows of at most ``max_length`` tokens (best-fit
+            decreasing) instead of padding every example to the longest; position ids restart per
+            example, so examples do not attend to each other. Same loss as padded batches.
     """
+
+    method: ClassVar[str] = "supervised"
 
     max_length: int = 1024
     packing: bool = False
 
-    def _data_checks(self) -> dict[str, bool]:
-        return {"max_length": self.max_length >= 2}
-
 
 def sft_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
-    """Summed target-token cross-entropy and correct-token count of one micro-batch."""
+    """Summed target-token cross-entropy and correct-token count of one micro-batch.
+
+    The LM head runs only at the positions that predict a target (``logits_to_keep``): prompts and
+    padding never get [*, V] logits, the largest tensor of a small model's step.
+    """
+    keep = batch.logit_positions
     logits = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         use_cache=False,  # also required for packing: with a cache, transformers ignores packed position ids
+        logits_to_keep=keep,
     ).logits
-    sums = token_cross_entropy(logits, batch.labels)
-    return LossSums(loss=sums.loss_sum, metrics={"mean_token_accuracy": float(sums.n_correct)})
+    sums = next_token_cross_entropy(logits, batch.labels[:, keep + 1])
+    return LossSums(loss=sums.loss_sum, metrics={"mean_token_accuracy": sums.n_correct})
 
 
 def train_sft(
     config: SFTConfig,
-    train_rows: Sequence[Mapping[str, Any]],
-    valid_rows: Sequence[Mapping[str, Any]] | None = None,
+    train_rows: Rows,
+    valid_rows: Rows | None = None,
     callbacks: TrainingCallbacks | None = None,
+    *,
+    rewards: RewardSet | None = None,
 ) -> TrainResult:
     """Fine-tune ``config.model_path`` on ``train_rows``; raise ``DataError`` when the data is at fault."""
-    config.validate()
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(config.model_path)
-    train = tokenize_sft_rows(train_rows, tokenizer, max_length=config.max_length, param="training_file")
-    valid = (
-        tokenize_sft_rows(valid_rows, tokenizer, max_length=config.max_length, param="validation_file")
-        if valid_rows
-        else None
-    )
+    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
+    tokenize = partial(tokenize_sft_rows, tokenizer=tokenizer, max_length=config.max_length)
+    train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
-    collate = partial(pack_batch if config.packing else pad_batch, pad_token_id=pad_id)
+    if config.packing:
+        collate: Callable[[Sequence[TokenizedExample]], SFTBatch] = partial(
+            pack_batch, pad_token_id=pad_id, max_length=config.max_length
+        )
+    else:
+        collate = partial(pad_batch, pad_token_id=pad_id)
     model = load_model(config, pick_device())
     task = TrainingTask(model, tokenizer, train, collate, sft_loss, valid)
     return run_training(config, task, callbacks)

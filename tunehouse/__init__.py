@@ -20,7 +20,17 @@ from tunehouse._exceptions import (
     UnprocessableEntityError,
 )
 from tunehouse.resources.jobs import WaitTimeout
-from tunehouse.types import Checkpoint, FileObject, FineTuningJob, JobEvent, MetricRow, StreamEnd, StreamItem
+from tunehouse.types import (
+    Checkpoint,
+    FileObject,
+    FineTuningJob,
+    JobEvent,
+    MetricRow,
+    StreamEnd,
+    StreamItem,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 __all__ = [
     "APIConnectionError",
@@ -46,4 +56,6 @@ __all__ = [
     "TunehouseError",
     "UnprocessableEntityError",
     "WaitTimeout",
+    "WebhookDelivery",
+    "WebhookEndpoint",
 ]

@@ -20,6 +20,7 @@ from tunehouse._base_client import (
 )
 from tunehouse.resources.files import AsyncFiles, Files
 from tunehouse.resources.jobs import AsyncJobs, Jobs
+from tunehouse.resources.webhooks import AsyncWebhooks, Webhooks
 
 
 class FineTuning:
@@ -45,6 +46,7 @@ class Client:
         self._transport = SyncTransport(self.base_url, api_key, timeout, max_retries)
         self.files = Files(self._transport)
         self.fine_tuning = FineTuning(self._transport)
+        self.webhooks = Webhooks(self._transport)
 
     def close(self) -> None:
         self._transport.close()
@@ -71,6 +73,7 @@ class AsyncClient:
         self._transport = AsyncTransport(self.base_url, api_key, timeout, max_retries)
         self.files = AsyncFiles(self._transport)
         self.fine_tuning = AsyncFineTuning(self._transport)
+        self.webhooks = AsyncWebhooks(self._transport)
 
     async def close(self) -> None:
         await self._transport.aclose()

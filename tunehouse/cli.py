@@ -1,10 +1,12 @@
 """The `tunehouse` command. Server-side commands import the service lazily, so the SDK side of this
 package never pulls in FastAPI or torch at import time.
 
-    tunehouse up [--host H] [--port P] [--data-dir D] [--no-demo]   API + one worker, embedded default
-    tunehouse worker [--data-dir D]                                 a Celery worker
+    tunehouse up [--host H] [--port P] [--data-dir D] [--no-demo]   API + workers, embedded default
+    tunehouse worker [--data-dir D] [--inference]                   a training (or inference) worker
     tunehouse migrate                                               alembic upgrade head
-    tunehouse keys create --tenant NAME [--json]                    a new API key (last line, or JSON)
+    tunehouse keys create --tenant NAME [--expires-in 30d] [--json] a new API key (last line, or JSON)
+    tunehouse keys list [--tenant NAME] [--json]                    keys (id, prefix, status), no secrets
+    tunehouse keys revoke KEY                                       by id (key-...), prefix (th-...) or key
     tunehouse files upload|list|get|delete ...                      training files
     tunehouse jobs create|list|get|cancel|pause|resume|events|metrics|wait ...
     tunehouse checkpoints list|download ...
@@ -41,17 +43,48 @@ def cmd_migrate(_args: argparse.Namespace) -> int:
     return 0
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in `90`, `90s`, `15m`, `12h` or `30d`.
+
+    >>> parse_duration("30d"), parse_duration("15m"), parse_duration("90")
+    (2592000, 900, 90)
+    """
+    raw = text.strip().lower()
+    unit = raw[-1] if raw and raw[-1] in _DURATION_UNITS else "s"
+    number = raw[:-1] if raw and raw[-1] in _DURATION_UNITS else raw
+    if not number.isdigit() or not 0 < int(number) * _DURATION_UNITS[unit] <= 100 * 365 * 86400:
+        raise UserError(f"--expires-in: '{text}' is not a duration such as 3600, 90m, 12h or 30d")
+    return int(number) * _DURATION_UNITS[unit]
+
+
+def _migrated() -> None:
+    from service.config import get_settings
+    from service.migrate import upgrade_head
+
+    upgrade_head(get_settings().database_url)
+
+
+def _when(ts: int | None) -> str:
+    import datetime
+
+    return "-" if ts is None else datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d %H:%M")
+
+
 def cmd_keys_create(args: argparse.Namespace) -> int:
     from service.auth import create_api_key
-    from service.config import get_settings
     from service.db import session_scope
-    from service.migrate import upgrade_head
 
     if not args.tenant.strip():
         raise UserError("--tenant must not be empty")
-    upgrade_head(get_settings().database_url)
+    expires_in = parse_duration(args.expires_in) if args.expires_in else None
+    _migrated()
     with session_scope() as session:
-        tenant, key = create_api_key(session, tenant_name=args.tenant.strip(), key_name=args.name or "")
+        tenant, key = create_api_key(
+            session, tenant_name=args.tenant.strip(), key_name=args.name or "", expires_in_seconds=expires_in
+        )
         tenant_id = tenant.id
     if args.json:
         print(json.dumps({"tenant": args.tenant, "tenant_id": tenant_id, "api_key": key}))
@@ -61,9 +94,59 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.celery_app import app
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
 
+    from service.auth import list_api_keys
+    from service.db import session_scope
+
+    _migrated()
+    with session_scope() as session:
+        keys = list_api_keys(session, tenant_name=args.tenant)
+    if args.json:
+        print(json.dumps([{**asdict(k), "status": k.status} for k in keys]))
+        return 0
+    print(f"{'ID':<32} {'PREFIX':<20} {'TENANT':<20} {'STATUS':<8} {'CREATED':<16} {'EXPIRES':<16} NAME")
+    for k in keys:
+        print(
+            f"{k.id:<32} {k.prefix:<20} {k.tenant:<20} {k.status:<8} "
+            f"{_when(k.created_at):<16} {_when(k.expires_at):<16} {k.name}"
+        )
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from service.auth import revoke_api_key
+    from service.db import session_scope
+    from service.errors import NotFound
+
+    _migrated()
+    try:
+        with session_scope() as session:
+            row = revoke_api_key(session, key=args.key.strip())
+            key_id = row.id
+    except NotFound as exc:
+        raise UserError(exc.message) from exc
+    # servers read the key row on every request: the key is refused from their next request on
+    print(f"revoked {key_id}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from service.config import get_settings
+
+    # an inference worker is its own process on its own queue: trying a model never waits behind the
+    # training job a training worker is running (one request at a time; start more to serve more)
+    if args.inference:
+        from service.inference.task import INFERENCE_QUEUE
+        from worker.inference_app import app
+
+        queue, name = INFERENCE_QUEUE, "inference"
+    else:
+        from worker.celery_app import app
+
+        # the queue it claims jobs from too (service/jobs/fairness.py)
+        queue, name = get_settings().job_queue, "tunehouse"
     argv = [
         "worker",
         "--pool",
@@ -71,13 +154,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "--concurrency",
         "1",
         "-Q",
-        "tunehouse",
+        queue,
         "--loglevel",
         args.loglevel,
         "--without-gossip",
         "--without-mingle",
         "-n",
-        f"tunehouse-{os.getpid()}@%h",
+        f"{name}-{os.getpid()}@%h",
     ]
     app.worker_main(argv)
     return 0
@@ -101,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="machine-readable output")
     add_client_commands(sub, common)
 
-    up = sub.add_parser("up", help="run the API and one worker on the embedded default")
+    up = sub.add_parser("up", help="run the API, a worker and an inference worker on the embedded default")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--data-dir", dest="data_dir_sub")
@@ -111,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run a Celery worker")
     worker.add_argument("--data-dir", dest="data_dir_sub")
     worker.add_argument("--loglevel", default="info")
+    worker.add_argument(
+        "--inference", action="store_true", help="serve /v1/chat/completions and /v1/completions, not jobs"
+    )
     worker.set_defaults(func=cmd_worker)
 
     migrate = sub.add_parser("migrate", help="upgrade the database to the newest schema")
@@ -122,9 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create", help="create an API key (and the tenant if new)")
     create.add_argument("--tenant", required=True)
     create.add_argument("--name", default="")
+    create.add_argument("--expires-in", help="e.g. 3600, 90m, 12h, 30d (default: never)")
     create.add_argument("--json", action="store_true")
     create.add_argument("--data-dir", dest="data_dir_sub")
     create.set_defaults(func=cmd_keys_create)
+    listing = keys_sub.add_parser("list", help="list API keys (never their secrets)")
+    listing.add_argument("--tenant", help="only this tenant's keys")
+    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--data-dir", dest="data_dir_sub")
+    listing.set_defaults(func=cmd_keys_list)
+    revoke = keys_sub.add_parser("revoke", help="revoke an API key at once, on every server")
+    revoke.add_argument("key", help="the key's id (key-...), its prefix (th-...) or the key itself")
+    revoke.add_argument("--data-dir", dest="data_dir_sub")
+    revoke.set_defaults(func=cmd_keys_revoke)
     return parser
 
 

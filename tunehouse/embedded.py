@@ -1,8 +1,9 @@
 """`tunehouse up`: the whole service on one machine with no servers to install.
 
-SQLite, kombu's filesystem broker and a blob folder, all under the data dir; the API (uvicorn) and
-one worker run as child processes. A local API key is created once and kept in the data dir; a demo
-SFT job on the bundled tiny model is submitted and its progress printed, unless --no-demo.
+SQLite, kombu's filesystem broker and a blob folder, all under the data dir; the API (uvicorn), one
+training worker and one inference worker run as child processes. A local API key is created once and
+kept in the data dir; a demo SFT job on the bundled tiny model is submitted and its progress printed,
+then the fine-tuned model is asked a question through /v1/chat/completions, unless --no-demo.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ DEMO_HYPERPARAMETERS = {
     "warmup_ratio": 0.1,
 }
 DEMO_QUESTION = "What is the capital of France?"
+# how long `tunehouse up` waits for its API and worker to exit before killing them
+STOP_GRACE_SECONDS = 15.0
 
 
 # progress bars of model loading/saving would drown the demo's own progress lines
@@ -122,20 +125,21 @@ def watch_job(client: httpx.Client, job_id: str, started: float) -> dict[str, An
         time.sleep(0.5)
 
 
-def demo_answer(client: httpx.Client, job_id: str, workdir: Path) -> str:
-    """Download the final checkpoint through the API and ask the fine-tuned model the demo question."""
-    import io
-    import tarfile
-
-    from trainers.generation import chat_reply
-
-    checkpoints = client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()["data"]
-    final = next(c for c in checkpoints if c["is_final"])
-    content = client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints/{final['id']}/content")
-    folder = workdir / final["id"]
-    with tarfile.open(fileobj=io.BytesIO(content.content)) as tar:
-        tar.extractall(folder, filter="data")
-    return chat_reply(folder, [{"role": "user", "content": DEMO_QUESTION}], max_new_tokens=16)
+def demo_answer(client: httpx.Client, model: str) -> str:
+    """Ask the fine-tuned model the demo question through the API (the inference worker answers)."""
+    reply = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": DEMO_QUESTION}],
+            "max_tokens": 16,
+            "temperature": 0,
+        },
+        timeout=120,
+    )
+    if reply.status_code != 200:
+        raise EmbeddedError(f"/v1/chat/completions answered {reply.status_code}: {reply.text}")
+    return str(reply.json()["choices"][0]["message"]["content"]).strip()
 
 
 def run_embedded(*, host: str, port: int, demo: bool) -> int:
@@ -156,24 +160,91 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
     # the children log to files so the terminal shows the service's own lines; `tail -f` them to debug
     logs = settings.data_dir / "logs"
     logs.mkdir(exist_ok=True)
-    with (logs / "api.log").open("ab") as api_log, (logs / "worker.log").open("ab") as worker_log:
-        api = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.app:app", "--host", host, "--port", str(port)],
-            env=env,
-            stdout=api_log,
-            stderr=subprocess.STDOUT,
-        )
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "info"],
-            env=env,
-            stdout=worker_log,
-            stderr=subprocess.STDOUT,
-        )
-    children = [api, worker]
+    children: list[subprocess.Popen[bytes]] = []
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with (
+            (logs / "api.log").open("ab") as api_log,
+            (logs / "worker.log").open("ab") as worker_log,
+            (logs / "inference.log").open("ab") as inference_log,
+        ):
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "uvicorn", "service.app:app", "--host", host, "--port", str(port)],
+                    env=env,
+                    stdout=api_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "info"],
+                    env=env,
+                    stdout=worker_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            # its own process, so trying a model (/v1/chat/completions) never waits behind training
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tunehouse.cli", "worker", "--inference", "--loglevel", "info"],
+                    env=env,
+                    stdout=inference_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        return _serve(host, port, key, children, settings.data_dir, logs, demo=demo, started=started)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop_children(children)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    # SIGTERM (systemd, docker stop, kill) gets the same orderly exit as Ctrl-C: the children are
+    # stopped in `finally`, never left running as orphans that hold the port
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every child, then wait for them together; SIGKILL what is left after STOP_GRACE_SECONDS.
+
+    The API drains in about a second (it closes its streams); the worker may be in a job: its trainer
+    dies with it (PR_SET_PDEATHSIG), and the job resumes from its latest checkpoint on the next start.
+    """
+    # a second Ctrl-C while we wait must not abandon the children
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _serve(
+    host: str,
+    port: int,
+    key: str,
+    children: list[subprocess.Popen[bytes]],
+    data_dir: Path,
+    logs: Path,
+    *,
+    demo: bool,
+    started: float,
+) -> int:
+    api = children[0]
     url = f"http://{host}:{port}"
     try:
         _wait_ready(url, api)
-        print(f"tunehouse is up at {url}  (data dir {settings.data_dir}, logs in {logs})", flush=True)
+        print(f"tunehouse is up at {url}  (data dir {data_dir}, logs in {logs})", flush=True)
         print(f"API key: {key}", flush=True)
         print(f"try: curl -H 'Authorization: Bearer {key}' {url}/v1/fine_tuning/jobs", flush=True)
         if demo:
@@ -190,26 +261,15 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
                     flush=True,
                 )
                 if job["status"] == "succeeded":
-                    answer = demo_answer(client, job_id, settings.data_dir / "demo")
+                    answer = demo_answer(client, job["fine_tuned_model"])
                     print(
                         f"demo: asked the fine-tuned model {DEMO_QUESTION!r}; it answers {answer!r}",
                         flush=True,
                     )
-        print("tunehouse is running; press Ctrl-C to stop", flush=True)
+        print("tunehouse is running; press Ctrl-C (or send SIGTERM) to stop", flush=True)
         while all(c.poll() is None for c in children):
             time.sleep(0.5)
         return 1
     except EmbeddedError as exc:
         print(f"tunehouse: {exc} (see {logs})", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()

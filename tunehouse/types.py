@@ -57,9 +57,13 @@ class FineTuningJob(_Object):
     validation_file: str | None = None
     metadata: dict[str, str] | None = None
     method: dict[str, Any]
+    # experiment trackers, OpenAI's shape: [{"type": "wandb", "wandb": {"project": ...}}, ...]
+    integrations: list[dict[str, Any]] = []
     user_provided_suffix: str | None = None
     started_at: int | None = None
     current_step: int = 0
+    # extension: 1-based place in the fair start order while queued, else None
+    queue_position: int | None = None
     total_steps: int | None = None
 
     @property
@@ -109,3 +113,43 @@ class StreamEnd(_Object):
 
 
 StreamItem = JobEvent | MetricRow | StreamEnd
+
+
+class WebhookEndpoint(_Object):
+    id: str
+    object: Literal["webhook_endpoint"] = "webhook_endpoint"
+    url: str
+    # None: every event type
+    events: list[str] | None = None
+    description: str | None = None
+    created_at: int
+    # only in the answer to `webhooks.create`: the signing secret is never shown again
+    secret: str | None = None
+
+
+class WebhookEndpointDeleted(_Object):
+    id: str
+    deleted: bool
+
+
+class WebhookAttempt(_Object):
+    attempt: int
+    started_at: float
+    duration_ms: float
+    status_code: int | None = None
+    error: str | None = None
+
+
+class WebhookDelivery(_Object):
+    id: str
+    object: Literal["webhook.delivery"] = "webhook.delivery"
+    event_id: str
+    event_type: str
+    status: Literal["pending", "delivered", "failed"]
+    created_at: int
+    delivered_at: int | None = None
+    next_attempt_at: float | None = None
+    last_status_code: int | None = None
+    last_error: str | None = None
+    event: dict[str, Any]
+    attempts: list[WebhookAttempt]

@@ -1,7 +1,10 @@
 """The Celery app as workers see it: the API's app (service.queue) with the worker's tasks on it.
 
 Run with `tunehouse worker` (or `celery -A worker.celery_app worker --pool solo`). The solo pool runs
-one job at a time; the job itself runs in a fresh child process (worker/supervisor.py).
+one job at a time; the job itself runs in a fresh child process (worker/supervisor.py). Each worker
+runs the reconciler (worker/reaper.py) and the webhook delivery loop (worker/webhooks.py). On
+SIGTERM/SIGINT (warm shutdown) the worker stops taking messages and hands its running job back
+(checkpoint + requeue, worker/supervisor.py) before it exits.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from service.queue import get_celery
 from worker.reaper import start_reaper
+from worker.supervisor import default_worker_id, request_shutdown
+from worker.webhooks import start_delivery_loop
 
 app: Celery = get_celery()
 
@@ -25,6 +30,13 @@ _reaper_stop = threading.Event()
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _start_reaper(**_: Any) -> None:
     start_reaper(_reaper_stop)
+    start_delivery_loop(_reaper_stop, worker_id=default_worker_id())
+
+
+@worker_shutting_down.connect  # type: ignore[untyped-decorator]
+def _hand_back_running_job(**_: Any) -> None:
+    # runs inside the signal handler: only set a flag; the supervisor's loop does the rest
+    request_shutdown()
 
 
 @worker_shutdown.connect  # type: ignore[untyped-decorator]

@@ -3,12 +3,15 @@ trainers.rewards.build_grader does the rest (with the operator's Python-grader p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.config import Settings
-from service.jobs.spec import Method
-from service.storage import LocalBlobStore
+from service.jobs.spec import MethodBase
+from service.storage import BlobStore
 from worker.models import resolve_model_path
+
+if TYPE_CHECKING:
+    from trainers.rl import RewardSet
 
 
 def _resolve_models(spec: dict[str, Any], resolve: Any, param: str) -> dict[str, Any]:
@@ -20,18 +23,26 @@ def _resolve_models(spec: dict[str, Any], resolve: Any, param: str) -> dict[str,
     return spec
 
 
-def reward_functions(
-    method: Method, *, settings: Settings, blobs: LocalBlobStore, tenant_id: str
-) -> tuple[list[Any], list[str]]:
+def reward_set(
+    method: MethodBase, *, settings: Settings, blobs: BlobStore, tenant_id: str
+) -> RewardSet | None:
+    """The job's grader as a one-function reward set named after the grader; None without a grader."""
     if method.grader is None:
-        return [], []
+        return None
     from trainers.rewards import build_grader
+    from trainers.rl import RewardSet
 
     param = f"method.{method.type}.grader"
 
     def resolve(name: str, where: str) -> str:
         return resolve_model_path(
-            settings, blobs, tenant_id=tenant_id, name=name, param=where, reward_model=True
+            settings,
+            blobs,
+            tenant_id=tenant_id,
+            name=name,
+            param=where,
+            reward_model=True,
+            include_deleted=True,  # the job's own grader: kept for it while it runs
         )
 
     spec = _resolve_models(method.grader.model_dump(mode="json"), resolve, param)
@@ -42,4 +53,4 @@ def reward_functions(
         python_memory_mb=settings.python_grader_memory_mb,
         param=param,
     )
-    return [grader], [str(spec.get("name", "grader"))]
+    return RewardSet.of([grader], names=[str(spec.get("name", "grader"))])

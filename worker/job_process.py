@@ -2,17 +2,25 @@
 
 Loads the job and its files, resolves the base model, resumes from the job's latest checkpoint if
 there is one, runs the trainer with a JobReporter, and records the outcome while holding the lease.
-Exits 0 whenever the outcome is recorded (succeeded, failed with a reason, cancelled).
+Exits 0 whenever the outcome is recorded (succeeded, failed with a reason, cancelled, paused, handed
+back); any other exit is a crash the supervisor turns into a restart (worker/recovery.py).
+
+SIGTERM (the worker shutting down, or the worker's death through PR_SET_PDEATHSIG) makes the trainer
+write a resumable checkpoint at its next step and hand the job back to the queue; if that takes longer
+than settings.shutdown_grace_seconds the process ends itself (SIGALRM) and the job resumes from its
+previous checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
+import signal
 import sys
-import tarfile
 import tempfile
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -23,14 +31,20 @@ from service.config import get_settings
 from service.db import session_scope
 from service.jobs.events import add_event
 from service.jobs.spec import load_method
-from service.models import Checkpoint, File, Job
-from service.storage import LocalBlobStore, get_blob_store
+from service.models import File, Job
+from service.storage import BlobStore, BlobStoreUnavailable, get_blob_store
 from trainers.errors import DataError
+from trainers.loop import StopRequest
 from worker import lease
-from worker.graders import reward_functions
+from worker.checkpoints import restore_latest_checkpoint
+from worker.graders import reward_set
 from worker.methods import RunInputs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
+from worker.outage import blob_outage_event, retry_blob, retry_db
+from worker.recovery import hand_back
 from worker.reporter import JobReporter
+from worker.result_files import ResultContext, store_result_files
+from worker.trackers import Tracker, TrackerUnavailable, open_trackers
 
 log = logging.getLogger("tunehouse.worker")
 
@@ -43,7 +57,7 @@ class JobSpecError(Exception):
         self.message, self.param, self.code = message, param, code
 
 
-def read_rows(blobs: LocalBlobStore, file_row: File | None, *, param: str) -> list[dict[str, Any]]:
+def read_rows(blobs: BlobStore, file_row: File | None, *, param: str) -> list[dict[str, Any]]:
     if file_row is None:
         raise JobSpecError(f"{param} was deleted before the job ran", param=param, code="file_not_found")
     rows = []
@@ -54,35 +68,35 @@ def read_rows(blobs: LocalBlobStore, file_row: File | None, *, param: str) -> li
     return rows
 
 
-def restore_latest_checkpoint(blobs: LocalBlobStore, job_id: str, workdir: Path) -> tuple[Path | None, int]:
-    with session_scope() as session:
-        ckpt = session.scalars(
-            select(Checkpoint)
-            .where(Checkpoint.job_id == job_id, Checkpoint.state_blob_key.is_not(None))
-            .order_by(Checkpoint.step.desc())
-            .limit(1)
-        ).first()
-    if ckpt is None or ckpt.state_blob_key is None:
-        return None, 0
-    folder = workdir / "resume"
-    for part, key in (("model", ckpt.blob_key), ("state", ckpt.state_blob_key)):
-        (folder / part).mkdir(parents=True, exist_ok=True)
-        with blobs.open(key) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
-            tar.extractall(folder / part, filter="data")
-    return folder, ckpt.step
-
-
 def _fail(job_id: str, worker_id: str, *, code: str, message: str, param: str | None, fault: str) -> None:
     with session_scope() as session:
         error = {"code": code, "message": message, "param": param, "fault": fault}
         if lease.finish(session, job_id=job_id, worker_id=worker_id, status="failed", error=error):
             add_event(
-                session, job_id, f"Job failed: {message}", level="error", data={"code": code, "fault": fault}
+                session,
+                job_id,
+                f"Job failed: {message}",
+                level="error",
+                data={"kind": "job.failed", "status": "failed", "code": code, "fault": fault},
             )
+
+
+def _stop_on_sigterm(grace_seconds: float) -> threading.Event:
+    stop = threading.Event()
+
+    def handle(_signum: int, _frame: object) -> None:
+        if not stop.is_set():
+            stop.set()
+            # a backstop for when no supervisor is left to enforce the grace period
+            signal.alarm(max(1, math.ceil(grace_seconds)))
+
+    signal.signal(signal.SIGTERM, handle)
+    return stop
 
 
 def run(job_id: str, worker_id: str) -> None:
     settings = get_settings()
+    shutdown = _stop_on_sigterm(settings.shutdown_grace_seconds)
     blobs = get_blob_store()
     with session_scope() as session:
         job = session.get(Job, job_id)
@@ -95,27 +109,43 @@ def run(job_id: str, worker_id: str) -> None:
     base = job.model.split(":")[1] if job.model.startswith("ft:") else job.model
     fine_tuned_model = f"ft:{base}:{job.tenant_id}:{job.suffix or ''}:{job.id}"
     workdir = Path(tempfile.mkdtemp(dir=settings.data_dir, prefix=f"work-{job_id}-"))
+    trackers: list[Tracker] = []
+    exit_code = 1  # what the trackers' runs end with: 0 once the job succeeded or paused
     try:
-        model_path = resolve_model_path(settings, blobs, tenant_id=job.tenant_id, name=job.model)
-        train_rows = read_rows(blobs, training, param="training_file")
-        valid_rows = read_rows(blobs, validation, param="validation_file") if job.validation_file else None
-        resume_from, resume_step = restore_latest_checkpoint(blobs, job_id, workdir)
-        if resume_from is not None:
-            with session_scope() as session:
-                add_event(session, job_id, f"Resuming from the checkpoint at step {resume_step}")
-        reward_funcs, reward_names = reward_functions(
-            method, settings=settings, blobs=blobs, tenant_id=job.tenant_id
+
+        def load_inputs() -> RunInputs:
+            """Everything the run reads from the blob store (retried as a whole while it is down)."""
+            model_path = resolve_model_path(
+                settings, blobs, tenant_id=job.tenant_id, name=job.model, include_deleted=True
+            )
+            train_rows = read_rows(blobs, training, param="training_file")
+            valid_rows = None
+            if job.validation_file:
+                valid_rows = read_rows(blobs, validation, param="validation_file")
+            resume_from, resume_step = restore_latest_checkpoint(blobs, job_id, workdir)
+            if resume_from is not None:
+                with session_scope() as session:
+                    add_event(session, job_id, f"Resuming from the checkpoint at step {resume_step}")
+            rewards = reward_set(method, settings=settings, blobs=blobs, tenant_id=job.tenant_id)
+            return RunInputs(
+                model_path=model_path,
+                output_dir=workdir / "out",
+                seed=job.seed,
+                resume_from=resume_from,
+                train_rows=train_rows,
+                valid_rows=valid_rows,
+                rewards=rewards,
+                save_minutes=settings.checkpoint_minutes,
+                keep_checkpoints=settings.checkpoint_keep,
+            )
+
+        inputs = retry_blob(
+            load_inputs,
+            what=f"job {job_id}: loading inputs",
+            tolerance=settings.blob_outage_tolerance_seconds,
+            on_first_retry=lambda exc: blob_outage_event(job_id, exc, settings.blob_outage_tolerance_seconds),
         )
-        inputs = RunInputs(
-            model_path=model_path,
-            output_dir=workdir / "out",
-            seed=job.seed,
-            resume_from=resume_from,
-            train_rows=train_rows,
-            valid_rows=valid_rows,
-            reward_funcs=reward_funcs,
-            reward_names=reward_names,
-        )
+        trackers = open_trackers(job, method)
         publisher = None
         if settings.redis_url:
             import redis
@@ -129,9 +159,19 @@ def run(job_id: str, worker_id: str) -> None:
             settings=settings,
             blobs=blobs,
             publisher=publisher,
+            shutdown=shutdown,
+            trackers=trackers,
         )
         result = run_method(method, inputs, reporter)
-        reporter.flush()
+        reporter.flush(wait=True)
+        if result.stopped == StopRequest.PAUSE:
+            exit_code = 0
+            why = (
+                f"worker {worker_id} is shutting down" if shutdown.is_set() else "pause requested"
+            ) + f"; checkpoint saved at step {result.steps}"
+            with session_scope() as session:
+                hand_back(session, job_id=job_id, worker_id=worker_id, why=why)
+            return
         if result.stopped is not None:
             with session_scope() as session:
                 add_event(
@@ -139,21 +179,53 @@ def run(job_id: str, worker_id: str) -> None:
                 )
             return
         tokens = reporter.last_row.get("trained_tokens")
-        with session_scope() as session:
-            if lease.finish(
-                session,
-                job_id=job_id,
-                worker_id=worker_id,
-                status="succeeded",
-                fine_tuned_model=fine_tuned_model,
-                trained_tokens=int(tokens) if tokens is not None else None,
-            ):
-                add_event(
+        context = ResultContext(
+            job_id=job_id, tenant_id=job.tenant_id, method_type=method.type, output_dir=workdir / "out"
+        )
+        result_files = store_result_files(context, blobs, workdir / "results")
+        recorded = False
+
+        def record_success() -> None:
+            nonlocal recorded
+            recorded = False
+            with session_scope() as session:
+                if lease.finish(
                     session,
-                    job_id,
-                    "The job has successfully completed",
-                    data={"fine_tuned_model": fine_tuned_model},
+                    job_id=job_id,
+                    worker_id=worker_id,
+                    status="succeeded",
+                    fine_tuned_model=fine_tuned_model,
+                    trained_tokens=int(tokens) if tokens is not None else None,
+                    result_files=[f["id"] for f in result_files],
+                ):
+                    recorded = True
+                    session.add_all(File(**values) for values in result_files)
+                    add_event(
+                        session,
+                        job_id,
+                        "The job has successfully completed",
+                        data={
+                            "kind": "job.succeeded",
+                            "status": "succeeded",
+                            "fine_tuned_model": fine_tuned_model,
+                        },
+                    )
+
+        # the model is trained and saved: a database outage now must not turn it into a failure
+        retry_db(
+            record_success, what=f"job {job_id}: final status", tolerance=settings.db_outage_tolerance_seconds
+        )
+        if not recorded:
+            # cancelled at the last moment (or an earlier attempt's commit landed after all): blobs
+            # that no File row points at are dropped
+            with session_scope() as session:
+                kept = set(
+                    session.scalars(select(File.id).where(File.id.in_([f["id"] for f in result_files])))
                 )
+            for values in result_files:
+                if values["id"] not in kept:
+                    blobs.delete(values["blob_key"])
+        exit_code = 0
     except DataError as exc:
         _fail(
             job_id,
@@ -169,6 +241,17 @@ def run(job_id: str, worker_id: str) -> None:
         )
     except JobSpecError as exc:
         _fail(job_id, worker_id, code=exc.code, message=exc.message, param=exc.param, fault="user")
+    except BlobStoreUnavailable as exc:
+        _fail(job_id, worker_id, code=exc.code or "", message=exc.message, param=None, fault="system")
+    except TrackerUnavailable as exc:  # the deployment lacks what the job asked for
+        _fail(
+            job_id,
+            worker_id,
+            code="integration_unavailable",
+            message=exc.message,
+            param=exc.param,
+            fault="system",
+        )
     except Exception as exc:
         log.error("job %s failed:\n%s", job_id, traceback.format_exc())
         _fail(
@@ -180,6 +263,8 @@ def run(job_id: str, worker_id: str) -> None:
             fault="system",
         )
     finally:
+        for tracker in trackers:
+            tracker.finish(exit_code=exit_code)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

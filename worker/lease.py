@@ -3,6 +3,9 @@
 A worker claims a job with one conditional UPDATE (queued, or running with a stale heartbeat), keeps
 the lease alive with heartbeats, and finishes it only while it still holds it. A redelivered Celery
 message therefore never starts a second live copy: the claim fails while the first copy heartbeats.
+
+Which queued job a worker claims is the fair-share decision (`claim_fair`, service/jobs/fairness.py):
+a run message only says that some job waits.
 """
 
 from __future__ import annotations
@@ -10,25 +13,34 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import ColumnElement, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from service.db import session_scope
 from service.ids import now
-from service.models import Job
+from service.jobs.fairness import fair_order
+from service.models import Job, Tenant
 
 
 def claim(session: Session, *, job_id: str, worker_id: str, lease_timeout: float) -> bool:
+    """Claim this job: queued, or running under a stale lease (a takeover)."""
+    t = time.time()
+    stale = (Job.status == "running") & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < t - lease_timeout)
+    return _take(session, job_id=job_id, worker_id=worker_id, runnable=or_(Job.status == "queued", stale))
+
+
+def claim_stale(session: Session, *, job_id: str, worker_id: str, lease_timeout: float) -> bool:
+    """Take over this job if it is running under a stale lease (its worker died, its message came back)."""
+    t = time.time()
+    stale = (Job.status == "running") & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < t - lease_timeout)
+    return _take(session, job_id=job_id, worker_id=worker_id, runnable=stale)
+
+
+def _take(session: Session, *, job_id: str, worker_id: str, runnable: ColumnElement[bool]) -> bool:
     t = time.time()
     result = session.execute(
         update(Job)
-        .where(
-            Job.id == job_id,
-            or_(
-                Job.status == "queued",
-                (Job.status == "running")
-                & or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < t - lease_timeout),
-            ),
-        )
+        .where(Job.id == job_id, runnable)
         .values(status="running", worker_id=worker_id, heartbeat_at=t, attempts=Job.attempts + 1)
         .execution_options(synchronize_session=False)
     )
@@ -66,10 +78,36 @@ def finish(session: Session, *, job_id: str, worker_id: str, status: str, **valu
 
 
 def stale_running_jobs(session: Session, *, lease_timeout: float) -> list[str]:
-    from sqlalchemy import select
-
     cutoff = time.time() - lease_timeout
     stmt = select(Job.id).where(
         Job.status == "running", or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < cutoff)
     )
     return list(session.scalars(stmt))
+
+
+def claim_fair(*, worker_id: str, queue: str, max_running_per_tenant: int) -> str | None:
+    """Claim the fairest queued job of `queue` (service/jobs/fairness.py) for `worker_id`; its id, or
+    None when no such job may start (none queued, or every waiting tenant at its running-job limit).
+
+    Each attempt is its own transaction: a conditional UPDATE (still queued) lets one worker win a job;
+    with a limit the tenant's row is locked first (SELECT ... FOR UPDATE), so two workers cannot both
+    start a tenant's last allowed job (the count is read after the lock, seeing the other's commit).
+    """
+    with session_scope() as session:
+        order = fair_order(session, queue=queue)
+    at_limit: set[str] = set()
+    for waiting in order:
+        if waiting.tenant_id in at_limit:
+            continue
+        with session_scope() as session:
+            if max_running_per_tenant > 0:
+                session.execute(select(Tenant.id).where(Tenant.id == waiting.tenant_id).with_for_update())
+                running = session.scalar(
+                    select(func.count()).where(Job.tenant_id == waiting.tenant_id, Job.status == "running")
+                )
+                if (running or 0) >= max_running_per_tenant:
+                    at_limit.add(waiting.tenant_id)
+                    continue
+            if _take(session, job_id=waiting.job_id, worker_id=worker_id, runnable=Job.status == "queued"):
+                return waiting.job_id
+    return None

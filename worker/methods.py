@@ -1,16 +1,21 @@
-"""From a job's method to a trainer run. The spec's hyperparameter names are the trainers' config field
-names (service/jobs/spec.py), so one mapping serves every method; each method only names its config
-class and entry point. All of them run on the same loop (trainers/loop.py)."""
+"""From a job's method to a trainer run, through the method registry (trainers/registry.py): the entry
+names the config class and the train function by import path, every train function has the same
+signature (trainers/entry.py), and the spec's hyperparameter names are the config's field names, so
+one mapping serves every method. All of them run on the same loop (trainers/loop.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from service.jobs.spec import Method, trainer_fields
+from service.jobs.spec import MethodBase, trainer_fields
 from trainers.loop import TrainingCallbacks, TrainResult
+from trainers.registry import resolve
+
+if TYPE_CHECKING:
+    from trainers.rl import RewardSet
 
 
 @dataclass(frozen=True)
@@ -21,16 +26,23 @@ class RunInputs:
     resume_from: Path | None
     train_rows: list[dict[str, Any]]
     valid_rows: list[dict[str, Any]] | None
-    # RL methods: the job's grader as reward functions (worker/graders.py), with their metric names
-    reward_funcs: list[Any] = field(default_factory=list)
-    reward_names: list[str] = field(default_factory=list)
+    # RL methods: the job's grader as reward functions (worker/graders.py)
+    rewards: RewardSet | None = None
+    # the deployment's checkpoint policy (settings.checkpoint_minutes / checkpoint_keep); a job's own
+    # `save_minutes` wins
+    save_minutes: float = 10.0
+    keep_checkpoints: int = 3
 
 
-def build_config(config_cls: type[Any], method: Method, inputs: RunInputs) -> Any:
+def build_config(method: MethodBase, inputs: RunInputs) -> Any:
+    config_cls = resolve(method.declaration.config)
     fields = trainer_fields(method)
+    if fields.get("save_minutes") is None:
+        fields["save_minutes"] = inputs.save_minutes
+    fields["keep_checkpoints"] = inputs.keep_checkpoints
     names = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(fields) - names)
-    if unknown:  # a spec field the trainer does not know: our bug, caught by tests/worker/test_methods.py
+    if unknown:  # a spec field the trainer does not know: our bug, caught by tests/trainers/test_registry.py
         raise RuntimeError(f"{config_cls.__name__} has no fields {unknown}")
     return config_cls(
         **fields,
@@ -41,54 +53,9 @@ def build_config(config_cls: type[Any], method: Method, inputs: RunInputs) -> An
     )
 
 
-def config_class(method_type: str) -> type[Any]:
-    if method_type == "supervised":
-        from trainers.sft import SFTConfig
-
-        return SFTConfig
-    if method_type == "dpo":
-        from trainers.dpo import DPOConfig
-
-        return DPOConfig
-    if method_type == "reward_model":
-        from trainers.reward_model import RewardModelConfig
-
-        return RewardModelConfig
-    if method_type in ("grpo", "reinforcement"):
-        from trainers.grpo import GRPOConfig
-
-        return GRPOConfig
-    if method_type == "ppo":
-        from trainers.ppo import PPOConfig
-
-        return PPOConfig
-    raise NotImplementedError(f"method '{method_type}' is not wired into the worker")
-
-
-def run_method(method: Method, inputs: RunInputs, callbacks: TrainingCallbacks) -> TrainResult:
-    config = build_config(config_class(method.type), method, inputs)
-    if method.type == "supervised":
-        from trainers.sft import train_sft
-
-        return train_sft(config, inputs.train_rows, inputs.valid_rows, callbacks)
-    if method.type == "dpo":
-        from trainers.dpo import train_dpo
-
-        return train_dpo(config, inputs.train_rows, inputs.valid_rows, callbacks)
-    if method.type == "reward_model":
-        from trainers.reward_model import train_reward_model
-
-        return train_reward_model(config, inputs.train_rows, inputs.valid_rows, callbacks)
-    if method.type in ("grpo", "reinforcement"):
-        from trainers.grpo import train_grpo
-
-        return train_grpo(
-            config, inputs.train_rows, inputs.reward_funcs, callbacks, reward_names=inputs.reward_names
-        )
-    if method.type == "ppo":
-        from trainers.ppo import train_ppo
-
-        return train_ppo(
-            config, inputs.train_rows, inputs.reward_funcs, callbacks, reward_names=inputs.reward_names
-        )
-    raise NotImplementedError(f"method '{method.type}' is not wired into the worker")
+def run_method(method: MethodBase, inputs: RunInputs, callbacks: TrainingCallbacks) -> TrainResult:
+    train = resolve(method.declaration.trainer)
+    result: TrainResult = train(
+        build_config(method, inputs), inputs.train_rows, inputs.valid_rows, callbacks, rewards=inputs.rewards
+    )
+    return result

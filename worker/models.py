@@ -15,7 +15,7 @@ from service.base_models.catalog import resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint
 from service.config import Settings
 from service.db import session_scope
-from service.storage import LocalBlobStore
+from service.storage import BlobStore
 
 
 class ModelNotAvailable(Exception):
@@ -29,7 +29,8 @@ def _build_once(target: Path, build: Callable[[Path], object]) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with (target.parent / f".{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "config.json").exists():
+        # an intermediate LoRA checkpoint is an adapter folder: adapter_config.json, no config.json
+        if not any((target / name).exists() for name in ("config.json", "adapter_config.json")):
             tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
             build(tmp)
             shutil.rmtree(target, ignore_errors=True)
@@ -43,28 +44,43 @@ def ensure_tiny_model(target: Path) -> Path:
     return _build_once(target, build_tiny_model)
 
 
+def unpack_checkpoint(settings: Settings, blobs: BlobStore, *, checkpoint_id: str, blob_key: str) -> Path:
+    """A checkpoint's model folder, unpacked once into the data dir's model cache."""
+
+    def unpack(tmp: Path) -> None:
+        with blobs.open(blob_key) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
+            tar.extractall(tmp, filter="data")
+
+    return _build_once(settings.models_dir / "fine-tuned" / checkpoint_id, unpack)
+
+
 def resolve_model_path(
     settings: Settings,
-    blobs: LocalBlobStore,
+    blobs: BlobStore,
     *,
     tenant_id: str,
     name: str,
     param: str = "model",
     reward_model: bool = False,
+    include_deleted: bool = False,
 ) -> str:
+    """`include_deleted`: for a job's own inputs; a job created before its base model was deleted still
+    trains from it (the blobs are kept until it ends, service/base_models/lifecycle.py)."""
     if name.startswith("ft:"):
         with session_scope() as session:
-            ckpt = find_final_checkpoint(session, tenant_id=tenant_id, name=name, reward_model=reward_model)
+            ckpt = find_final_checkpoint(
+                session,
+                tenant_id=tenant_id,
+                name=name,
+                reward_model=reward_model,
+                include_deleted=include_deleted,
+            )
             key, ckpt_id = (ckpt.blob_key, ckpt.id) if ckpt else (None, None)
-        if key is None or ckpt_id is None:
+        if not key or ckpt_id is None:  # "": deleted, blobs already removed
             kind = "reward model" if reward_model else "fine-tuned model"
             raise ModelNotAvailable(f"{param}: no {kind} named '{name}' in this organization", param=param)
 
-        def unpack(tmp: Path) -> None:
-            with blobs.open(key) as fh, tarfile.open(fileobj=fh, mode="r|") as tar:
-                tar.extractall(tmp, filter="data")
-
-        return str(_build_once(settings.models_dir / "fine-tuned" / ckpt_id, unpack))
+        return str(unpack_checkpoint(settings, blobs, checkpoint_id=ckpt_id, blob_key=key))
     entry = resolve_base_model(settings, name)
     if entry is None:
         raise ModelNotAvailable(f"model '{name}' is no longer available on this deployment", param=param)

@@ -1,20 +1,31 @@
-"""Finds running jobs whose worker stopped heartbeating and sends them to the queue again.
+"""Each worker's reconciler: nothing sits in `queued` or behind a dead worker's lease forever.
 
-The broker alone would redeliver only after its visibility timeout (hours, on Redis); the reaper makes
-a dead worker's job resume from its latest checkpoint within about one lease timeout. Every worker
-runs one; duplicates are harmless because only one claim of a stale lease can succeed.
+Every `reconcile_seconds` it
+- requeues running jobs whose worker stopped heartbeating (the broker alone would redeliver only after
+  its visibility timeout, hours on Redis), as a charged restart (worker/recovery.py): they resume from
+  their latest checkpoint within about one lease timeout;
+- re-sends queued jobs that no worker claimed in time: their message was never sent (broker down at
+  creation) or was lost (broker restart) (service/jobs/dispatch.py);
+- removes the blobs of deleted models that an unfinished job held until now
+  (service/base_models/lifecycle.py).
+Every worker runs one; running several is harmless: each transition is a compare-and-set on the row.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from service.base_models.lifecycle import sweep_deleted_models
 from service.config import get_settings
 from service.db import session_scope
-from service.jobs.events import add_event
-from service.queue import RUN_JOB_TASK, send_task
+from service.jobs.dispatch import reconcile
+from service.models import Job
+from service.storage import get_blob_store
 from worker import lease
+from worker.outage import is_outage
+from worker.recovery import restart_or_fail
 
 log = logging.getLogger("tunehouse.worker")
 
@@ -23,25 +34,50 @@ def requeue_stale_jobs() -> list[str]:
     settings = get_settings()
     with session_scope() as session:
         stale = lease.stale_running_jobs(session, lease_timeout=settings.lease_timeout_seconds)
-        for job_id in stale:
-            add_event(session, job_id, "Worker stopped responding; job sent back to the queue", level="warn")
+    moved = []
+    cause = f"its worker stopped responding (no heartbeat for {settings.lease_timeout_seconds:.0f}s)"
     for job_id in stale:
-        send_task(RUN_JOB_TASK, [job_id])
-    return stale
+        cutoff = time.time() - settings.lease_timeout_seconds
+        still_stale = (Job.status == "running") & (Job.heartbeat_at.is_(None) | (Job.heartbeat_at < cutoff))
+        with session_scope() as session:
+            status = restart_or_fail(
+                session,
+                job_id=job_id,
+                expect=still_stale,
+                cause=cause,
+                max_restarts=settings.max_restarts,
+            )
+        if status is not None:
+            moved.append(job_id)
+    return moved
+
+
+def reconcile_once() -> tuple[list[str], list[str]]:
+    """One pass: (stale jobs requeued, queued jobs re-sent); deleted models' blobs swept on the way."""
+    settings = get_settings()
+    stale, resent = requeue_stale_jobs(), reconcile(dispatch_timeout=settings.dispatch_timeout_seconds)
+    with session_scope() as session:
+        sweep_deleted_models(session, blobs=get_blob_store(), models_dir=settings.models_dir)
+    return stale, resent
 
 
 def start_reaper(stop: threading.Event) -> threading.Thread:
-    interval = max(1.0, get_settings().lease_timeout_seconds / 2)
+    interval = max(0.1, get_settings().reconcile_seconds)
 
     def loop() -> None:
         while not stop.wait(interval):
             try:
-                requeued = requeue_stale_jobs()
-                if requeued:
-                    log.warning("requeued stale jobs: %s", ", ".join(requeued))
-            except Exception:  # the reaper must outlive a DB blip
-                log.exception("reaper pass failed")
+                stale, resent = reconcile_once()
+                if stale:
+                    log.warning("requeued jobs of unresponsive workers: %s", ", ".join(stale))
+                if resent:
+                    log.warning("re-sent queued jobs no worker had claimed: %s", ", ".join(resent))
+            except Exception as exc:  # the reconciler must outlive anything a pass meets
+                if is_outage(exc):  # nothing to reconcile against; the first pass after it does it
+                    log.warning("reconciler pass skipped: database unavailable")
+                else:
+                    log.exception("reconciler pass failed")
 
-    thread = threading.Thread(target=loop, name="tunehouse-reaper", daemon=True)
+    thread = threading.Thread(target=loop, name="tunehouse-reconciler", daemon=True)
     thread.start()
     return thread

@@ -3,6 +3,10 @@
 Metric rows are buffered and flushed to the DB at least every `metrics_flush_seconds` (and at every
 event that matters), so a fast loop does not pay a DB round trip per step; each row is also published
 on Redis (`tunehouse:job:<id>`) the moment it is logged, when Redis is configured, for live streams.
+
+A database outage does not stop training: rows stay in the buffer until a flush succeeds (none is
+lost), cancel checks are skipped, and events and checkpoint records wait for the database (bounded by
+`db_outage_tolerance_seconds`, see worker/outage.py). A Redis outage only pauses the live path.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import json
 import logging
 import tarfile
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +29,17 @@ from service.ids import new_id
 from service.jobs.events import add_event
 from service.jobs.stream import channel
 from service.models import Checkpoint, Job, JobMetric
-from service.storage import LocalBlobStore
+from service.storage import BlobStore, BlobStoreUnavailable
+from service.webhooks.events import CHECKPOINT_KIND
 from trainers.loop import CheckpointInfo, StopRequest
+from worker.checkpoints import prune_resumable_states
+from worker.outage import blob_outage_event, is_outage, retry_blob, retry_db
+from worker.trackers import Tracker
 
 log = logging.getLogger("tunehouse.worker")
+
+# after a failed publish, the live path rests this long: a down Redis must not cost every step a retry
+PUBLISH_RETRY_SECONDS = 2.0
 
 # the keys OpenAI's checkpoint objects carry, mapped from our step rows
 _CHECKPOINT_METRICS = {
@@ -35,6 +48,25 @@ _CHECKPOINT_METRICS = {
     "valid_loss": "valid_loss",
     "valid_mean_token_accuracy": "valid_mean_token_accuracy",
 }
+# RL validation (trainers.rl.validation_metrics) keeps its names: valid_reward, valid_reward/{grader}
+_CHECKPOINT_PREFIXES = ("valid_reward",)
+
+
+def estimate_finish(*, now: float, origin: tuple[int, float], step: int, total: int) -> int | None:
+    """When step `total` should be done (unix seconds): the mean wall time per step since `origin`
+    (the step this process started from, and when), evaluations and checkpoints included, extrapolated
+    over the steps left; None before the first step.
+
+    >>> estimate_finish(now=130.0, origin=(10, 100.0), step=13, total=20)
+    200
+    >>> estimate_finish(now=100.0, origin=(10, 100.0), step=10, total=20) is None
+    True
+    """
+    done = step - origin[0]
+    if done <= 0:
+        return None
+    per_step = (now - origin[1]) / done
+    return round(now + (total - step) * per_step)
 
 
 def tar_folder(folder: Path, dest: Path) -> int:
@@ -53,8 +85,10 @@ class JobReporter:
         worker_id: str,
         fine_tuned_model: str,
         settings: Settings,
-        blobs: LocalBlobStore,
+        blobs: BlobStore,
         publisher: Any | None = None,
+        shutdown: threading.Event | None = None,
+        trackers: Sequence[Tracker] = (),
     ) -> None:
         self.job_id = job_id
         self.tenant_id = tenant_id
@@ -63,6 +97,10 @@ class JobReporter:
         self.settings = settings
         self.blobs = blobs
         self.publisher = publisher
+        # set when the worker shuts down (SIGTERM): checkpoint at the next step and hand the job back
+        self.shutdown = shutdown
+        # the job's experiment trackers (worker/trackers.py): every step and eval row, as it comes
+        self.trackers = trackers
         self.total_steps: int | None = None
         self.n_epochs = 1
         self.last_row: dict[str, float] = {}
@@ -71,94 +109,149 @@ class JobReporter:
         self._last_flush = time.monotonic()
         self._last_poll = 0.0
         self._stop: StopRequest | None = None
+        self._publish_retry_at = 0.0
+        self._db_down_since: float | None = None
+        # (step, unix time) this process started training from, for estimated_finish
+        self._began_at = time.time()
+        self._origin: tuple[int, float] | None = None
+
+    def _must_write(self, what: str, fn: Callable[[], None]) -> None:
+        """A write that must land (an event, a checkpoint record): waits out a database outage."""
+        retry_db(fn, what=f"job {self.job_id}: {what}", tolerance=self.settings.db_outage_tolerance_seconds)
+
+    def _upload(self, key: str, source: Path) -> None:
+        """A checkpoint tar into the blob store, waiting out an outage (with an event saying so)."""
+        tolerance = self.settings.blob_outage_tolerance_seconds
+        retry_blob(
+            lambda: self.blobs.put_file(key, source),
+            what=f"job {self.job_id}: checkpoint upload",
+            tolerance=tolerance,
+            on_first_retry=lambda exc: blob_outage_event(self.job_id, exc, tolerance),
+        )
 
     # -- TrainingCallbacks ---------------------------------------------------------------------
     def on_train_begin(self, *, total_steps: int, n_epochs: int) -> None:
         self.total_steps, self.n_epochs = total_steps, n_epochs
-        with session_scope() as session:
-            session.execute(update(Job).where(Job.id == self.job_id).values(total_steps=total_steps))
-            add_event(
-                session,
-                self.job_id,
-                f"Training started: {total_steps} steps over {n_epochs} epoch(s)",
-                data={"total_steps": total_steps, "n_epochs": n_epochs},
-            )
+        self._began_at = time.time()  # model loading and a resume's restore are not step time
+
+        def write() -> None:
+            with session_scope() as session:
+                session.execute(update(Job).where(Job.id == self.job_id).values(total_steps=total_steps))
+                add_event(
+                    session,
+                    self.job_id,
+                    f"Training started: {total_steps} steps over {n_epochs} epoch(s)",
+                    data={"total_steps": total_steps, "n_epochs": n_epochs},
+                )
+
+        self._must_write("training started", write)
 
     def on_step(self, row: dict[str, float]) -> None:
         # wall-clock time of the step, kept with the row: for plots against time and latency checks
         row = {**row, "logged_at": time.time()}
         self.last_row = row
+        if self._origin is None:  # a resumed run's first step is not step 1
+            self._origin = (int(row["step"]) - 1, self._began_at)
         self._publish(row)
+        self._track(row)
         self._buffer(int(row["step"]), row)
         if time.monotonic() - self._last_flush >= self.settings.metrics_flush_seconds:
             self.flush()
 
     def on_eval(self, row: dict[str, float]) -> None:
         self._publish(row)
+        self._track(row)
         self._buffer(int(row["step"]), row)
         self.flush()
 
     def on_epoch_end(self, *, epoch: int, step: int) -> None:
-        self.flush()
-        with session_scope() as session:
-            add_event(
-                session,
-                self.job_id,
-                f"Epoch {epoch}/{self.n_epochs} completed at step {step}",
-                data={"epoch": epoch, "step": step},
-            )
+        self.flush(wait=True)
+
+        def write() -> None:
+            with session_scope() as session:
+                add_event(
+                    session,
+                    self.job_id,
+                    f"Epoch {epoch}/{self.n_epochs} completed at step {step}",
+                    data={"epoch": epoch, "step": step},
+                )
+
+        self._must_write("epoch event", write)
 
     def on_checkpoint(self, ckpt: CheckpointInfo) -> None:
-        self.flush()
+        # the rows up to this step land first: a resume from this checkpoint must find no gap
+        self.flush(wait=True)
         ckpt_id = new_id("ftckpt")
         prefix = f"checkpoints/{self.tenant_id}/{self.job_id}/{ckpt_id}"
+        # tarred on the worker's local disk, then streamed to the blob store from there (multipart on S3)
         with tempfile.TemporaryDirectory() as tmp:
             size = tar_folder(ckpt.path / "model", Path(tmp) / "model.tar")
-            self.blobs.put_file(f"{prefix}-model.tar", Path(tmp) / "model.tar")
+            self._upload(f"{prefix}-model.tar", Path(tmp) / "model.tar")
             state_key = None
             if (ckpt.path / "state").is_dir():
                 tar_folder(ckpt.path / "state", Path(tmp) / "state.tar")
                 state_key = f"{prefix}-state.tar"
-                self.blobs.put_file(state_key, Path(tmp) / "state.tar")
+                self._upload(state_key, Path(tmp) / "state.tar")
         name = self.fine_tuned_model if ckpt.final else f"{self.fine_tuned_model}:ckpt-step-{ckpt.step}"
         metrics = {"step": float(ckpt.step)}
         source = {**self.last_row, **ckpt.metrics}
         metrics.update({out: float(source[k]) for k, out in _CHECKPOINT_METRICS.items() if k in source})
-        with session_scope() as session:
-            session.add(
-                Checkpoint(
-                    id=ckpt_id,
-                    job_id=self.job_id,
-                    step=ckpt.step,
-                    fine_tuned_model_checkpoint=name,
-                    metrics=metrics,
-                    blob_key=f"{prefix}-model.tar",
-                    state_blob_key=state_key,
-                    bytes=size,
-                    is_final=ckpt.final,
+        metrics.update({k: float(v) for k, v in source.items() if k.startswith(_CHECKPOINT_PREFIXES)})
+
+        def write() -> None:
+            with session_scope() as session:
+                session.add(
+                    Checkpoint(
+                        id=ckpt_id,
+                        job_id=self.job_id,
+                        step=ckpt.step,
+                        fine_tuned_model_checkpoint=name,
+                        metrics=metrics,
+                        blob_key=f"{prefix}-model.tar",
+                        state_blob_key=state_key,
+                        bytes=size,
+                        is_final=ckpt.final,
+                    )
                 )
-            )
-            add_event(
-                session,
-                self.job_id,
-                f"Checkpoint saved at step {ckpt.step}" + (" (final model)" if ckpt.final else ""),
-                data={"checkpoint_id": ckpt_id, "step": ckpt.step},
-            )
+                add_event(
+                    session,
+                    self.job_id,
+                    f"Checkpoint saved at step {ckpt.step}" + (" (final model)" if ckpt.final else ""),
+                    data={"kind": CHECKPOINT_KIND, "checkpoint_id": ckpt_id, "step": ckpt.step},
+                )
+
+        self._must_write("checkpoint record", write)
         if ckpt.final:
             self.final_checkpoint_id = ckpt_id
+        else:
+            try:
+                prune_resumable_states(self.blobs, self.job_id, keep=self.settings.checkpoint_keep)
+            except Exception as exc:  # housekeeping: the next checkpoint prunes what this one could not
+                if not (is_outage(exc) or isinstance(exc, BlobStoreUnavailable)):
+                    raise
 
     def should_stop(self) -> StopRequest | None:
         if self._stop is not None:
             return self._stop
+        if self.shutdown is not None and self.shutdown.is_set():
+            self._stop = StopRequest.PAUSE  # the job process hands the job back after the checkpoint
+            return self._stop
         if time.monotonic() - self._last_poll < self.settings.control_poll_seconds:
             return None
         self._last_poll = time.monotonic()
-        with session_scope() as session:
-            status, holder = session.execute(
-                select(Job.status, Job.worker_id).where(Job.id == self.job_id)
-            ).one()
+        try:
+            with session_scope() as session:
+                status, holder, pause = session.execute(
+                    select(Job.status, Job.worker_id, Job.pause_requested).where(Job.id == self.job_id)
+                ).one()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            return None  # nobody can cancel through a database that is down; ask again next poll
         if status == "cancelled" or holder != self.worker_id:
             self._stop = StopRequest.CANCEL
+        elif pause:
+            self._stop = StopRequest.PAUSE
         return self._stop
 
     # -- buffering -----------------------------------------------------------------------------
@@ -167,11 +260,37 @@ class JobReporter:
         entry = self._pending.setdefault(step, {"epoch": float(row.get("epoch", 0.0)), "values": {}})
         entry["values"].update(values)
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = False) -> None:
+        """Write the buffered rows. During a database outage they stay buffered (merged with newer
+        rows) and the next flush tries again; `wait=True` blocks until they are written."""
         self._last_flush = time.monotonic()
         if not self._pending:
             return
-        pending, self._pending = self._pending, {}
+        if wait:
+            self._must_write("metrics", self._write_pending)
+            return
+        try:
+            self._write_pending()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            if self._db_down_since is None:
+                self._db_down_since = time.monotonic()
+                log.warning("job %s: database unavailable; buffering metrics", self.job_id)
+            elif time.monotonic() - self._db_down_since > self.settings.db_outage_tolerance_seconds:
+                raise
+            return
+        if self._db_down_since is not None:
+            log.warning(
+                "job %s: database back after %.1fs; buffered metrics written",
+                self.job_id,
+                time.monotonic() - self._db_down_since,
+            )
+            self._db_down_since = None
+
+    def _write_pending(self) -> None:
+        # the buffer is emptied only after the commit: a failed write keeps every row for the next try
+        pending = self._pending
         with session_scope() as session:
             for step, entry in sorted(pending.items()):
                 row = session.get(JobMetric, (self.job_id, step))
@@ -180,9 +299,15 @@ class JobReporter:
                         JobMetric(job_id=self.job_id, step=step, epoch=entry["epoch"], values=entry["values"])
                     )
                 else:
+                    # a step re-run after a resume (the same values) or an evaluation joining its step
+                    known = set(row.values)
                     row.values = {**row.values, **entry["values"]}
+                    if known.issuperset(entry["values"]):
+                        continue  # its "Step N" event exists already: no duplicate after a restart
                 summary = ", ".join(
-                    f"{k}={v:.4g}" for k, v in entry["values"].items() if k in ("loss", "valid_loss")
+                    f"{k}={v:.4g}"
+                    for k, v in entry["values"].items()
+                    if k in ("loss", "valid_loss", "valid_reward")
                 )
                 add_event(
                     session,
@@ -193,19 +318,34 @@ class JobReporter:
                 )
             last = max(pending)
             tokens = self.last_row.get("trained_tokens")
+            finish = None
+            if self._origin is not None and self.total_steps is not None:
+                finish = estimate_finish(
+                    now=time.time(), origin=self._origin, step=last, total=self.total_steps
+                )
             session.execute(
                 update(Job)
                 .where(Job.id == self.job_id)
-                .values(current_step=last, trained_tokens=int(tokens) if tokens is not None else None)
+                .values(
+                    current_step=last,
+                    trained_tokens=int(tokens) if tokens is not None else None,
+                    estimated_finish=finish,
+                )
             )
+        self._pending = {}  # the trainer calls us from one thread: nothing was added meanwhile
+
+    def _track(self, row: dict[str, float]) -> None:
+        for tracker in self.trackers:
+            tracker.log(row)
 
     def _publish(self, row: dict[str, float]) -> None:
         """Live path: each row goes to Redis at once (the DB gets it at the next flush)."""
-        if self.publisher is None:
+        if self.publisher is None or time.monotonic() < self._publish_retry_at:
             return
         # total_steps rides along so a live client can draw progress before it has read any event
         message = json.dumps({**row, "step": int(row["step"])})
         try:
             self.publisher.publish(channel(self.job_id), message)
-        except Exception:  # a live stream is best effort; the DB row is the record
-            log.warning("could not publish metrics for %s", self.job_id, exc_info=True)
+        except Exception as exc:  # a live stream is best effort; the DB row is the record
+            self._publish_retry_at = time.monotonic() + PUBLISH_RETRY_SECONDS
+            log.warning("could not publish metrics for %s: %s", self.job_id, exc)

@@ -1,7 +1,15 @@
 """Runs one job: claim the lease, start a fresh trainer process, heartbeat while it lives.
 
 Why a child process per job: accelerate and CUDA keep process-global state, a trainer that crashes
-(or is OOM-killed) must not take the worker with it, and the parent can still record a system failure.
+(or is OOM-killed) must not take the worker with it, and the parent can still record what happened.
+A trainer that dies is a restart from the job's latest checkpoint, within settings.max_restarts
+(worker/recovery.py).
+
+Shutdown: when the worker is asked to stop (SIGTERM/SIGINT: Celery's warm shutdown, which stops taking
+new messages), `request_shutdown` forwards SIGTERM to the trainer, which checkpoints at its next step
+and hands the job back to the queue (worker/job_process.py), uncharged. A trainer that has not done so
+within settings.shutdown_grace_seconds is killed and the job handed back here; it then resumes from
+its previous checkpoint.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from sqlalchemy import select
@@ -21,12 +30,22 @@ from service.config import get_settings
 from service.db import session_scope
 from service.jobs.events import add_event
 from service.models import Job
+from service.queue import RUN_JOB_TASK, send_task
 from worker import lease
+from worker.outage import is_outage
+from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
 
 log = logging.getLogger("tunehouse.worker")
 
 # how long a child may keep running after we lost the lease (cancel, takeover) before we kill it
 LOST_LEASE_GRACE_SECONDS = 30.0
+
+_shutdown = threading.Event()
+
+
+def request_shutdown() -> None:
+    """The worker is stopping: hand the running job back (called from Celery's shutdown signal)."""
+    _shutdown.set()
 
 
 def default_worker_id() -> str:
@@ -34,7 +53,8 @@ def default_worker_id() -> str:
 
 
 def _die_with_parent() -> None:
-    # Linux: the trainer gets SIGTERM if the worker process dies, so no orphan keeps the GPU.
+    # Linux: the trainer gets SIGTERM if the worker process dies, so no orphan keeps the GPU; SIGTERM
+    # makes it checkpoint and hand the job back itself (worker/job_process.py).
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -43,33 +63,89 @@ def _die_with_parent() -> None:
 
 
 def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
-    """Run the job to its end if we can claim it; returns the job's final status, or None if not ours."""
+    """Take one run message: run the fairest queued job, then the next fairest, until none may start.
+
+    The message is a token that some job waits (service/jobs/fairness.py), so the job run may be
+    another than `job_id`: that one's own message later starts another job in turn, or finds none and
+    is dropped. A message for a running job whose lease went stale takes that job over instead. Going
+    on to the next job when one ends is what starts a job that waited for its tenant's limit (its own
+    token may have found the tenant full and been dropped); the reconciler re-sends as a backstop.
+    Returns the final status of `job_id` if this call ran it, else None.
+    """
     settings = get_settings()
     worker_id = worker_id or default_worker_id()
+    if _shutdown.is_set():
+        # shutting down (a message raced the stop): pass the token on to another worker
+        send_task(RUN_JOB_TASK, [job_id], queue=settings.job_queue)
+        return None
     with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.status in ("succeeded", "failed", "cancelled", "paused"):
+        if session.get(Job, job_id) is None:
             return None
-        if not lease.claim(
+        taken_over = lease.claim_stale(
             session, job_id=job_id, worker_id=worker_id, lease_timeout=settings.lease_timeout_seconds
-        ):
-            log.info("job %s is held by a live worker or not runnable; skipping", job_id)
-            return None
+        )
+    ran: str | None = None
+    current = job_id if taken_over else _claim_next(worker_id)
+    while current is not None:
+        status = _run_claimed(current, worker_id=worker_id)
+        if current == job_id:
+            ran = status
+        if _shutdown.is_set():
+            break
+        current = _claim_next(worker_id)
+    return ran
+
+
+def _claim_next(worker_id: str) -> str | None:
+    settings = get_settings()
+    return lease.claim_fair(
+        worker_id=worker_id,
+        queue=settings.job_queue,
+        max_running_per_tenant=settings.max_running_jobs_per_tenant,
+    )
+
+
+def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
+    """Run a job this worker has claimed to its end (or hand-back); returns its status then."""
+    settings = get_settings()
+    with session_scope() as session:
         attempt = session.scalar(select(Job.attempts).where(Job.id == job_id))
-        add_event(session, job_id, f"Job started on worker {worker_id} (attempt {attempt})")
+        add_event(
+            session,
+            job_id,
+            f"Job started on worker {worker_id} (attempt {attempt})",
+            data={"kind": "job.running", "status": "running", "worker": worker_id, "attempt": attempt},
+        )
 
     cmd = [sys.executable, "-m", "worker.job_process", job_id, worker_id]
     proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
     lost_since: float | None = None
+    stop_asked: float | None = None
     last_beat = time.monotonic()
     while proc.poll() is None:
         time.sleep(0.2)
+        if _shutdown.is_set() and stop_asked is None:
+            log.warning("worker shutting down: asking the trainer of %s to checkpoint and hand back", job_id)
+            proc.send_signal(signal.SIGTERM)
+            stop_asked = time.monotonic()
+        if stop_asked is not None and time.monotonic() - stop_asked > settings.shutdown_grace_seconds:
+            log.warning("job %s: the trainer did not hand back within the grace period; killing it", job_id)
+            proc.kill()
+            proc.wait()
+            break
         if time.monotonic() - last_beat < settings.heartbeat_seconds:
             continue
         last_beat = time.monotonic()
         if lost_since is None or time.time() - lost_since < LOST_LEASE_GRACE_SECONDS:
-            with session_scope() as session:
-                held = lease.heartbeat(session, job_id=job_id, worker_id=worker_id)
+            try:
+                with session_scope() as session:
+                    held = lease.heartbeat(session, job_id=job_id, worker_id=worker_id)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                # the trainer buffers meanwhile; beyond lease_timeout another worker may take over
+                log.warning("job %s: heartbeat failed, database unavailable", job_id)
+                continue
             if not held and lost_since is None:
                 lost_since = time.time()
         else:
@@ -80,14 +156,23 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
             )
             proc.kill()
     if proc.returncode != 0:
+        # the trainer records its own outcome and exits 0; anything else ended it from outside
         with session_scope() as session:
-            error = {
-                "code": "internal_error",
-                "message": f"the trainer process exited with code {proc.returncode}",
-                "param": None,
-                "fault": "system",
-            }
-            if lease.finish(session, job_id=job_id, worker_id=worker_id, status="failed", error=error):
-                add_event(session, job_id, f"Job failed: {error['message']}", level="error")
+            if stop_asked is not None:
+                hand_back(
+                    session,
+                    job_id=job_id,
+                    worker_id=worker_id,
+                    why=f"worker {worker_id} shut down and the trainer did not checkpoint within "
+                    f"{settings.shutdown_grace_seconds:.0f}s; it resumes from its previous checkpoint",
+                )
+            else:
+                restart_or_fail(
+                    session,
+                    job_id=job_id,
+                    expect=held_by(worker_id),
+                    cause=describe_exit(proc.returncode),
+                    max_restarts=settings.max_restarts,
+                )
     with session_scope() as session:
         return session.scalar(select(Job.status).where(Job.id == job_id))

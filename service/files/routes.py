@@ -2,28 +2,56 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.auth import TenantDep
 from service.dependencies import SessionDep, SettingsDep
+from service.downloads import blob_response
+from service.errors import error_responses
 from service.files import service
 from service.files.schemas import FileDeleted, FileObject
 from service.files.upload import receive_upload
 from service.ids import new_id
-from service.pagination import list_body
+from service.pagination import MAX_LIMIT, After, Limit, list_body
 from service.storage import get_blob_store
 
-router = APIRouter(prefix="/v1/files", tags=["files"])
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(400, 401, 503))
+
+# The upload is parsed by hand (service/files/upload.py streams it), so FastAPI cannot infer its body.
+_UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "A JSONL training file, validated line by line",
+                        },
+                        "purpose": {"type": "string", "enum": list(service.PURPOSES)},
+                    },
+                }
+            }
+        },
+    }
+}
 
 
-@router.post("", response_model=FileObject)
+@router.post("", response_model=FileObject, openapi_extra=_UPLOAD_BODY, responses=error_responses(413))
 async def upload_file(
     request: Request, session: SessionDep, tenant: TenantDep, settings: SettingsDep
 ) -> FileObject:
     file_id = new_id("file")
-    blob_key = service.new_blob_key(tenant, file_id)
+    blob_key = service.new_blob_key(tenant.id, file_id)
     writer = get_blob_store().writer(blob_key)
     try:
         upload = await receive_upload(
@@ -36,9 +64,12 @@ async def upload_file(
         row = await run_in_threadpool(
             service.record_upload, session, tenant=tenant, file_id=file_id, blob_key=blob_key, upload=upload
         )
-        writer.commit()
+        # the blob store may be a network call away (S3): off the event loop
+        await run_in_threadpool(writer.commit)
     except BaseException:
-        writer.abort()
+        # shielded: a cancelled request (client gone) must still drop its half-written blob
+        with anyio.CancelScope(shield=True):
+            await run_in_threadpool(writer.abort)
         raise
     return FileObject.of(row)
 
@@ -48,9 +79,9 @@ def list_files(
     session: SessionDep,
     tenant: TenantDep,
     purpose: str | None = None,
-    after: str | None = None,
-    limit: int = 10_000,
-    order: str = "desc",
+    after: After = None,
+    limit: Limit = MAX_LIMIT,
+    order: service.Order = "desc",
 ) -> dict[str, object]:
     rows, has_more = service.list_files(
         session, tenant=tenant, purpose=purpose, after=after, limit=limit, order=order
@@ -58,22 +89,25 @@ def list_files(
     return list_body([FileObject.of(r).model_dump() for r in rows], has_more)
 
 
-@router.get("/{file_id}", response_model=FileObject)
+@router.get("/{file_id}", response_model=FileObject, responses=error_responses(404))
 def retrieve_file(file_id: str, session: SessionDep, tenant: TenantDep) -> FileObject:
     return FileObject.of(service.get_file(session, tenant=tenant, file_id=file_id))
 
 
-@router.delete("/{file_id}", response_model=FileDeleted)
+@router.delete("/{file_id}", response_model=FileDeleted, responses=error_responses(404))
 def delete_file(file_id: str, session: SessionDep, tenant: TenantDep) -> FileDeleted:
     service.delete_file(session, tenant=tenant, file_id=file_id)
     return FileDeleted(id=file_id)
 
 
-@router.get("/{file_id}/content")
+@router.get(
+    "/{file_id}/content",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/jsonl": {}, "text/csv": {}, "application/gzip": {}}},
+        **error_responses(404),
+    },
+)
 def file_content(file_id: str, session: SessionDep, tenant: TenantDep) -> StreamingResponse:
     row = service.get_file(session, tenant=tenant, file_id=file_id)
-    return StreamingResponse(
-        get_blob_store().iter_bytes(row.blob_key),
-        media_type="application/jsonl",
-        headers={"content-disposition": f'attachment; filename="{row.filename}"'},
-    )
+    return blob_response(row.blob_key, filename=row.filename, media_type=service.media_type(row))

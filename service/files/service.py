@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -11,13 +13,24 @@ from service.errors import BadRequest, NotFound
 from service.files.upload import UploadResult
 from service.models import File, Tenant
 from service.pagination import page
-from service.storage import get_blob_store
+from service.storage import BlobStoreUnavailable, get_blob_store
 
+log = logging.getLogger("tunehouse.files")
+
+# what a client may upload; files the service itself writes (a job's results) have their own purpose
 PURPOSES = ("fine-tune",)
+RESULTS_PURPOSE = "fine-tune-results"
+Order = Literal["asc", "desc"]
+# the media type of a stored file's content, by its `format` (training files are JSONL of any format)
+_MEDIA_TYPES = {"csv": "text/csv", "tar.gz": "application/gzip"}
 
 
-def new_blob_key(tenant: Tenant, file_id: str) -> str:
-    return f"files/{tenant.id}/{file_id}.jsonl"
+def media_type(row: File) -> str:
+    return _MEDIA_TYPES.get(row.format, "application/jsonl")
+
+
+def new_blob_key(tenant_id: str, file_id: str, extension: str = "jsonl") -> str:
+    return f"files/{tenant_id}/{file_id}.{extension}"
 
 
 def record_upload(
@@ -58,14 +71,12 @@ def get_file(session: Session, *, tenant: Tenant, file_id: str, param: str = "fi
 
 
 def list_files(
-    session: Session, *, tenant: Tenant, purpose: str | None, after: str | None, limit: int, order: str
+    session: Session, *, tenant: Tenant, purpose: str | None, after: str | None, limit: int, order: Order
 ) -> tuple[Sequence[File], bool]:
     stmt = select(File).where(File.tenant_id == tenant.id)
     if purpose:
         stmt = stmt.where(File.purpose == purpose)
-    if order not in ("asc", "desc"):
-        raise BadRequest("order must be 'asc' or 'desc'", param="order")
-    return page(session, stmt, File.id, after=after, limit=limit, order="asc" if order == "asc" else "desc")
+    return page(session, stmt, File.id, after=after, limit=limit, order=order)
 
 
 def delete_file(session: Session, *, tenant: Tenant, file_id: str) -> None:
@@ -74,4 +85,7 @@ def delete_file(session: Session, *, tenant: Tenant, file_id: str) -> None:
     session.flush()
     # the row goes first: a crash between the two leaves an orphan blob, never a row without bytes
     session.commit()
-    get_blob_store().delete(row.blob_key)
+    try:
+        get_blob_store().delete(row.blob_key)
+    except BlobStoreUnavailable as exc:  # the file is gone for the client; the blob is an orphan, as above
+        log.warning("file %s: blob %s not deleted: %s", file_id, row.blob_key, exc.message)

@@ -1,13 +1,21 @@
 """Streaming multipart upload: the file part flows chunk by chunk into the validator, a sha256 and the
 blob store, so neither memory nor disk ever holds more than the size limit allows; nothing is kept
-when any check fails."""
+when any check fails.
+
+A body python-multipart cannot parse (a part header over ~4 KB, a CR inside a header, bytes after a
+boundary that are neither CRLF nor `--`), one without its closing boundary (a truncated upload), or one
+with more than `MAX_PARTS` parts is a 400 and stores nothing. Filenames are kept as sent: UTF-8 bytes
+as UTF-8, anything else as Latin-1 (what older clients send); control characters are refused.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
@@ -16,6 +24,10 @@ from service.files.validation import FileStats, FileValidationError, JsonlValida
 from service.storage import BlobWriter
 
 MAX_FIELD_BYTES = 4096
+# `file`, `purpose` and OpenAI's `expires_after[anchor]`/`[seconds]` are four; leave room, refuse floods
+MAX_PARTS = 16
+# the files.filename column
+MAX_FILENAME_CHARS = 500
 
 
 @dataclass
@@ -31,22 +43,53 @@ class _State:
     validator: JsonlValidator
     writer: BlobWriter
     max_bytes: int
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, bytes] = field(default_factory=dict)
     header_name: bytes = b""
     header_value: bytes = b""
     part_name: str | None = None
-    part_filename: str | None = None
     field_value: bytes = b""
+    parts: int = 0
     seen_file: bool = False
+    ended: bool = False
     file_bytes: int = 0
     digest: hashlib._Hash = field(default_factory=hashlib.sha256)
     fields: dict[str, str] = field(default_factory=dict)
     filename: str = ""
 
 
+def _decode_header_text(raw: bytes) -> str:
+    # RFC 7578: names are UTF-8 in practice; a client that is not UTF-8 clean sent Latin-1
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def _filename(raw: bytes | None) -> str:
+    if raw is None:
+        return "upload.jsonl"
+    # a name is a name, not a path: a client that sent its directory gets the last part kept
+    # (python-multipart already cuts the `C:\...` paths old browsers sent)
+    name = _decode_header_text(raw).rsplit("/", 1)[-1]
+    if any(unicodedata.category(ch) == "Cc" for ch in name):
+        raise BadRequest(
+            "the file's name contains a control character", param="file", code="invalid_filename"
+        )
+    if len(name) > MAX_FILENAME_CHARS:
+        raise BadRequest(
+            f"the file's name is longer than {MAX_FILENAME_CHARS} characters",
+            param="file",
+            code="invalid_filename",
+        )
+    return name or "upload.jsonl"
+
+
 def _callbacks(st: _State) -> dict[str, object]:
     def on_part_begin() -> None:
-        st.headers, st.part_name, st.part_filename, st.field_value = {}, None, None, b""
+        st.parts += 1
+        if st.parts > MAX_PARTS:
+            raise BadRequest(f"the form has more than {MAX_PARTS} parts", param="file", code="too_many_parts")
+        st.headers, st.part_name, st.field_value = {}, None, b""
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
         st.header_name += data[start:end]
@@ -55,19 +98,18 @@ def _callbacks(st: _State) -> dict[str, object]:
         st.header_value += data[start:end]
 
     def on_header_end() -> None:
-        st.headers[st.header_name.decode("latin-1").lower()] = st.header_value.decode("utf-8", "replace")
+        st.headers[st.header_name.decode("latin-1").lower()] = st.header_value
         st.header_name, st.header_value = b"", b""
 
     def on_headers_finished() -> None:
-        _, params = parse_options_header(st.headers.get("content-disposition", ""))
-        st.part_name = params.get(b"name", b"").decode("utf-8", "replace")
-        raw_filename = params.get(b"filename")
-        st.part_filename = raw_filename.decode("utf-8", "replace") if raw_filename is not None else None
+        # latin-1 maps bytes to characters one to one, so the parameters come back as the raw bytes
+        _, params = parse_options_header(st.headers.get("content-disposition", b"").decode("latin-1"))
+        st.part_name = _decode_header_text(params.get(b"name", b""))
         if st.part_name == "file":
             if st.seen_file:
                 raise BadRequest("only one 'file' part is allowed", param="file")
             st.seen_file = True
-            st.filename = (st.part_filename or "upload.jsonl").rsplit("/", 1)[-1][:500]
+            st.filename = _filename(params.get(b"filename"))
 
     def on_part_data(data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
@@ -91,6 +133,9 @@ def _callbacks(st: _State) -> dict[str, object]:
         if st.part_name and st.part_name != "file":
             st.fields[st.part_name] = st.field_value.decode("utf-8", "replace")
 
+    def on_end() -> None:
+        st.ended = True
+
     return {
         "on_part_begin": on_part_begin,
         "on_header_field": on_header_field,
@@ -99,7 +144,12 @@ def _callbacks(st: _State) -> dict[str, object]:
         "on_headers_finished": on_headers_finished,
         "on_part_data": on_part_data,
         "on_part_end": on_part_end,
+        "on_end": on_end,
     }
+
+
+def _malformed(detail: str) -> BadRequest:
+    return BadRequest(f"malformed multipart body: {detail}", param="file", code="invalid_multipart")
 
 
 async def receive_upload(
@@ -116,15 +166,18 @@ async def receive_upload(
     if ctype != b"multipart/form-data" or not boundary:
         raise BadRequest("upload must be multipart/form-data with a 'file' part", param="file")
     st = _State(validator=JsonlValidator(min_examples=min_examples), writer=writer, max_bytes=max_bytes)
-    parser = MultipartParser(boundary, _callbacks(st))  # type: ignore[arg-type]
     try:
+        parser = MultipartParser(boundary, _callbacks(st))  # type: ignore[arg-type]
         async for chunk in stream:
             # JSON parsing is CPU work: keep it off the event loop
             await run_in_threadpool(parser.write, chunk)
-        parser.finalize()
+        if not st.ended:
+            raise _malformed("it ends before the closing boundary (truncated upload?)")
         if not st.seen_file:
             raise BadRequest("missing the 'file' part", param="file", code="missing_file")
         stats = st.validator.finish()
     except FileValidationError as exc:
         raise BadRequest(str(exc), param="file", code="invalid_file") from exc
+    except FormParserError as exc:
+        raise _malformed(str(exc)) from exc
     return UploadResult(stats=stats, sha256=st.digest.hexdigest(), filename=st.filename, fields=st.fields)

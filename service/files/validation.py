@@ -8,7 +8,8 @@ in DESIGN.md). Validation stops at the first problem with a :class:`FileValidati
 
     line 3: field 'messages[1].role': unknown role 'bot' (expected system, developer, user, assistant, tool)
 
-The module is pure Python (stdlib only) so it can run in the API process, a worker or a CLI.
+The module is pure Python (stdlib, plus the stdlib-only `trainers.registry`) so it can run in the API
+process, a worker or a CLI.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NoReturn
 
+from service.input_guard import unsafe_value
+from trainers.registry import get_method
+
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "MESSAGE_ROLES",
-    "METHOD_FORMATS",
     "FileFormat",
     "FileStats",
     "FileValidationError",
     "JsonlValidator",
+    "method_formats",
     "validate_chunks",
 ]
 
@@ -45,17 +49,17 @@ class FileFormat(StrEnum):
     ``{"prompt", "chosen", "rejected"}`` (each a string or a message list)."""
     PROMPT_ONLY = "prompt_only"
     """RL prompts: ``{"messages"}`` not ending with an assistant message, or ``{"prompt": str}``."""
+    UNPAIRED_PREFERENCE = "unpaired_preference"
+    """Unpaired feedback (KTO): ``{"prompt", "completion", "label": true|false}`` (each a string or a message
+    list) or ``{"messages": [..., assistant], "label": true|false}``, the last message being the judged
+    completion. Detected by a boolean ``label``; once a file has this format, every line needs one."""
 
 
-METHOD_FORMATS: dict[str, frozenset[FileFormat]] = {
-    "supervised": frozenset({FileFormat.CHAT, FileFormat.PROMPT_COMPLETION, FileFormat.TEXT}),
-    "dpo": frozenset({FileFormat.PREFERENCE}),
-    "reward_model": frozenset({FileFormat.PREFERENCE}),
-    "grpo": frozenset({FileFormat.PROMPT_ONLY}),
-    "ppo": frozenset({FileFormat.PROMPT_ONLY}),
-    "reinforcement": frozenset({FileFormat.PROMPT_ONLY}),
-}
-"""Which file formats each job method accepts for its training (and validation) file."""
+def method_formats(method_type: str) -> frozenset[FileFormat]:
+    """Which file formats a job method accepts for its training (and validation) file, as
+    ``trainers.registry`` declares them (an unknown format name there fails here, and in its test)."""
+    return frozenset(FileFormat(name) for name in get_method(method_type).formats)
+
 
 MESSAGE_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
@@ -263,15 +267,38 @@ class _Line:
         else:
             self.fail(path, f"expected a non-empty string or a list of messages, got {_json_type(value)}")
 
+    def assistant_messages(self, value: object, path: str) -> None:
+        for i, msg in enumerate(self.messages(value, path)):
+            if msg["role"] != "assistant":
+                self.fail(f"{path}[{i}].role", f"expected 'assistant', got {_short(msg['role'])}")
+
+    def unpaired_preference(self, example: dict[str, Any]) -> None:
+        label = self.require(example, "label", "label")
+        if not isinstance(label, bool):
+            self.fail("label", f"expected true or false, got {_json_type(label)}")
+        if "messages" in example and "prompt" not in example:
+            msgs = self.messages(example["messages"], "messages")
+            last = len(msgs) - 1
+            if msgs[last]["role"] != "assistant":
+                self.fail(
+                    f"messages[{last}].role", "the last message must be the assistant's judged completion"
+                )
+            if last == 0:
+                self.fail("messages", "needs the prompt's messages before the assistant's completion")
+            return
+        self.string_or_messages(self.require(example, "prompt", "prompt"), "prompt")
+        completion = self.require(example, "completion", "completion")
+        if isinstance(completion, list):
+            self.assistant_messages(completion, "completion")
+        else:
+            self.string_or_messages(completion, "completion")
+
     def preference(self, example: dict[str, Any]) -> None:
         if "preferred_output" in example or "non_preferred_output" in example:
             inp = self.obj(self.require(example, "input", "input"), "input")
             self.messages(self.require(inp, "messages", "input.messages"), "input.messages")
             for key in ("preferred_output", "non_preferred_output"):
-                msgs = self.messages(self.require(example, key, key), key)
-                for i, msg in enumerate(msgs):
-                    if msg["role"] != "assistant":
-                        self.fail(f"{key}[{i}].role", f"expected 'assistant', got {_short(msg['role'])}")
+                self.assistant_messages(self.require(example, key, key), key)
         else:
             for key in ("prompt", "chosen", "rejected"):
                 self.string_or_messages(self.require(example, key, key), key)
@@ -288,6 +315,12 @@ def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Li
     """The format of one example; ``file_format`` resolves shapes that two formats share."""
     if any(k in example for k in ("preferred_output", "non_preferred_output", "chosen", "rejected")):
         return FileFormat.PREFERENCE
+    # A boolean label marks unpaired feedback; other labels are extra fields of other formats (a grader's
+    # reference answer, say). Once the file is unpaired feedback, a row without one is checked as such.
+    if isinstance(example.get("label"), bool) or (
+        file_format is FileFormat.UNPAIRED_PREFERENCE and ("prompt" in example or "messages" in example)
+    ):
+        return FileFormat.UNPAIRED_PREFERENCE
     if "messages" in example:
         # Chat (SFT) and RL prompts share the shape: once the file's format is known, the example is checked
         # against it (so that a missing answer reads as such rather than as a format change).
@@ -309,7 +342,8 @@ def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Li
     line.fail(
         None,
         "cannot detect the example's format: expected 'messages', 'prompt' (and 'completion'), "
-        "'text', 'input'/'preferred_output'/'non_preferred_output' or 'prompt'/'chosen'/'rejected' "
+        "'text', 'input'/'preferred_output'/'non_preferred_output', 'prompt'/'chosen'/'rejected' or a "
+        "boolean 'label' (with 'prompt'/'completion' or 'messages') "
         f"(found keys: {shown or 'none'})",
     )
 
@@ -323,6 +357,12 @@ def _shape(kind: FileFormat, example: dict[str, Any]) -> str:
         )
     if kind is FileFormat.PROMPT_ONLY:
         return "messages" if "messages" in example else "prompt"
+    if kind is FileFormat.UNPAIRED_PREFERENCE:
+        return (
+            "messages/label"
+            if "messages" in example and "prompt" not in example
+            else "prompt/completion/label"
+        )
     return kind.value
 
 
@@ -454,6 +494,10 @@ class JsonlValidator:
             line.fail(None, "invalid JSON: nested too deeply")
         if not isinstance(example, dict):
             line.fail(None, f"expected a JSON object, got {_json_type(example)}")
+        # a lone surrogate ("\ud800": no tokenizer can encode it), 1e999 (infinity, as NaN above), a NUL:
+        # refused here, naming the line, rather than failing the job later
+        if found := unsafe_value(example):
+            line.fail(found[0] or None, found[1])
         kind = _classify(example, self._format, line)
         if self._format is not None and kind is not self._format:
             line.fail(
@@ -482,6 +526,7 @@ _VALIDATORS = {
     FileFormat.TEXT: _Line.text,
     FileFormat.PREFERENCE: _Line.preference,
     FileFormat.PROMPT_ONLY: _Line.prompt_only,
+    FileFormat.UNPAIRED_PREFERENCE: _Line.unpaired_preference,
 }
 
 

@@ -1,4 +1,5 @@
-"""Job events: the human-readable log of a job, written by the API and the worker alike."""
+"""Job events: the human-readable log of a job, written by the API and the worker alike; the
+state changes among them also queue their webhooks (service/webhooks/events.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from service.ids import new_id
 from service.models import JobEvent
+from service.webhooks.events import enqueue
 
 
 def add_event(
@@ -21,4 +23,7 @@ def add_event(
 ) -> JobEvent:
     event = JobEvent(id=new_id("ftevent"), job_id=job_id, message=message, level=level, type=type, data=data)
     session.add(event)
+    if data is not None:
+        # a state change or a checkpoint also queues its webhooks, in this same transaction
+        enqueue(session, job_id=job_id, kind=data.get("kind"), data=data)
     return event

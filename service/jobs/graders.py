@@ -1,12 +1,15 @@
 """Graders for RL jobs, in OpenAI's shape, validated at the API boundary (the worker turns them into
-reward functions with trainers.rewards.build_grader, which checks them again)."""
+reward functions with trainers.rewards.build_grader, which checks them again). The `multi` formula is
+checked by `trainers.formula`, the stdlib-only checker the worker uses too (DESIGN.md lets the service
+import it and `trainers.registry`, nothing else of trainers)."""
 
 from __future__ import annotations
 
-import ast
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from trainers.formula import FormulaError, parse_formula
 
 TEMPLATE_HELP = "use {{sample.output_text}} for the completion and {{item.<field>}} for a column of the row"
 
@@ -44,24 +47,6 @@ class PythonGrader(_Grader):
     source: str = Field(min_length=1, max_length=100_000)
 
 
-_FORMULA_NODES = (
-    ast.Expression,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.Constant,
-    ast.Name,
-    ast.Load,
-    ast.Call,
-    ast.Add,
-    ast.Sub,
-    ast.Mult,
-    ast.Div,
-    ast.USub,
-    ast.UAdd,
-)
-_FORMULA_FUNCTIONS = ("min", "max", "abs")
-
-
 class MultiGrader(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["multi"]
@@ -75,29 +60,16 @@ class MultiGrader(BaseModel):
     ] = Field(min_length=1)
     calculate_output: str = Field(min_length=1, max_length=1000)
 
-    @model_validator(mode="after")
-    def _formula(self) -> MultiGrader:
+    @field_validator("calculate_output")
+    @classmethod
+    def _formula(cls, formula: str, info: ValidationInfo) -> str:
+        # a field validator (graders are validated first, being declared first), so an error names
+        # calculate_output itself
         try:
-            tree = ast.parse(self.calculate_output, mode="eval")
-        except SyntaxError as exc:
-            raise ValueError(f"calculate_output is not a formula: {exc.msg}") from exc
-        for node in ast.walk(tree):
-            if not isinstance(node, _FORMULA_NODES):
-                raise ValueError(
-                    f"calculate_output may use numbers, + - * /, min, max, abs and grader names only; "
-                    f"found {type(node).__name__}"
-                )
-            if isinstance(node, ast.Call) and not (
-                isinstance(node.func, ast.Name) and node.func.id in _FORMULA_FUNCTIONS
-            ):
-                raise ValueError("calculate_output may call only min, max and abs")
-            if (
-                isinstance(node, ast.Name)
-                and node.id not in self.graders
-                and node.id not in _FORMULA_FUNCTIONS
-            ):
-                raise ValueError(f"calculate_output names '{node.id}', which is not one of the graders")
-        return self
+            parse_formula(formula, list(info.data.get("graders", {})))
+        except FormulaError as exc:
+            raise ValueError(str(exc)) from exc
+        return formula
 
 
 Grader = Annotated[

@@ -2,114 +2,146 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
 
 from service.auth import TenantDep
-from service.dependencies import SessionDep, SettingsDep
+from service.dependencies import SessionDep, SettingsDep, read_in_one_hop
+from service.downloads import blob_response
+from service.errors import BadRequest, error_responses
 from service.jobs import service
+from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
-from service.jobs.stream import Cursor, job_stream
-from service.pagination import list_body
-from service.storage import get_blob_store
+from service.jobs.stream import CURSOR_PATTERN, Cursor, job_stream
+from service.models import Job
+from service.pagination import After, Limit, list_body
+from trainers.registry import MAX_STEPS
 
-router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"])
+router = APIRouter(
+    prefix="/v1/fine_tuning/jobs", tags=["fine-tuning"], responses=error_responses(400, 401, 503)
+)
+# a route that names a job answers 404 for one that is not the caller's; a state change can also be 409
+_JOB = error_responses(404)
+_STATE_CHANGE = error_responses(404, 409)
 
 
-@router.post("", response_model=JobObject)
+def _objects(session: Session, jobs: Sequence[Job]) -> list[JobObject]:
+    """The API objects of `jobs`, queued ones with their queue position (one query for them all)."""
+    positions = queue_positions(session, [j.id for j in jobs if j.status == "queued"])
+    return [JobObject.of(j, queue_position=positions.get(j.id)) for j in jobs]
+
+
+def _object(session: Session, job: Job) -> JobObject:
+    return _objects(session, [job])[0]
+
+
+@router.post("", response_model=JobObject, responses=error_responses(413))
 def create_job(spec: JobCreate, session: SessionDep, tenant: TenantDep, settings: SettingsDep) -> JobObject:
-    return JobObject.of(service.create_job(session, tenant=tenant, spec=spec, settings=settings))
+    return _object(session, service.create_job(session, tenant=tenant, spec=spec, settings=settings))
 
 
 @router.get("")
 def list_jobs(
-    request: Request, session: SessionDep, tenant: TenantDep, after: str | None = None, limit: int = 20
+    request: Request, session: SessionDep, tenant: TenantDep, after: After = None, limit: Limit = 20
 ) -> dict[str, Any]:
     metadata = service.metadata_filter(dict(request.query_params))
     rows, has_more = service.list_jobs(session, tenant=tenant, after=after, limit=limit, metadata=metadata)
-    return list_body([JobObject.of(r).model_dump() for r in rows], has_more)
+    return list_body([o.model_dump() for o in _objects(session, rows)], has_more)
 
 
-@router.get("/{job_id}", response_model=JobObject)
-def retrieve_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
-    return JobObject.of(service.get_job(session, tenant=tenant, job_id=job_id))
+@router.get("/{job_id}", response_model=JobObject, responses=_JOB)
+async def retrieve_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
+    # the call a polling dashboard makes most: one threadpool hop (bench/test_api_throughput.py)
+    return await read_in_one_hop(
+        session, lambda: _object(session, service.get_job(session, tenant=tenant, job_id=job_id))
+    )
 
 
-@router.post("/{job_id}/cancel", response_model=JobObject)
+@router.post("/{job_id}/cancel", response_model=JobObject, responses=_STATE_CHANGE)
 def cancel_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
-    return JobObject.of(service.cancel_job(session, tenant=tenant, job_id=job_id))
+    return _object(session, service.cancel_job(session, tenant=tenant, job_id=job_id))
 
 
-@router.post("/{job_id}/pause")
-def pause_job(job_id: str, session: SessionDep, tenant: TenantDep) -> None:
-    service.get_job(session, tenant=tenant, job_id=job_id)
-    raise service.not_implemented_control("pausing a job")
+@router.post("/{job_id}/pause", response_model=JobObject, responses=_STATE_CHANGE)
+def pause_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
+    """A queued job is paused at once; a running one checkpoints at its next step, then is `paused`."""
+    return _object(session, service.pause_job(session, tenant=tenant, job_id=job_id))
 
 
-@router.post("/{job_id}/resume")
-def resume_job(job_id: str, session: SessionDep, tenant: TenantDep) -> None:
-    service.get_job(session, tenant=tenant, job_id=job_id)
-    raise service.not_implemented_control("resuming a job")
+@router.post("/{job_id}/resume", response_model=JobObject, responses=_STATE_CHANGE)
+def resume_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
+    """A paused job is queued again and continues from its pause checkpoint."""
+    return _object(session, service.resume_job(session, tenant=tenant, job_id=job_id))
 
 
-@router.get("/{job_id}/events")
+@router.get("/{job_id}/events", responses=_JOB)
 def list_events(
-    job_id: str, session: SessionDep, tenant: TenantDep, after: str | None = None, limit: int = 20
+    job_id: str, session: SessionDep, tenant: TenantDep, after: After = None, limit: Limit = 20
 ) -> dict[str, Any]:
     job = service.get_job(session, tenant=tenant, job_id=job_id)
     rows, has_more = service.list_events(session, job=job, after=after, limit=limit)
     return list_body([EventObject.of(r).model_dump() for r in rows], has_more)
 
 
-@router.get("/{job_id}/checkpoints")
+@router.get("/{job_id}/checkpoints", responses=_JOB)
 def list_checkpoints(
-    job_id: str, session: SessionDep, tenant: TenantDep, after: str | None = None, limit: int = 10
+    job_id: str, session: SessionDep, tenant: TenantDep, after: After = None, limit: Limit = 10
 ) -> dict[str, Any]:
     job = service.get_job(session, tenant=tenant, job_id=job_id)
     rows, has_more = service.list_checkpoints(session, job=job, after=after, limit=limit)
     return list_body([CheckpointObject.of(r).model_dump() for r in rows], has_more)
 
 
-@router.get("/{job_id}/checkpoints/{checkpoint_id}/content")
+@router.get(
+    "/{job_id}/checkpoints/{checkpoint_id}/content",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}}, **_JOB},
+)
 def checkpoint_content(
     job_id: str, checkpoint_id: str, session: SessionDep, tenant: TenantDep
 ) -> StreamingResponse:
     job = service.get_job(session, tenant=tenant, job_id=job_id)
     ckpt = service.get_checkpoint(session, job=job, checkpoint_id=checkpoint_id)
-    store = get_blob_store()
-    return StreamingResponse(
-        store.iter_bytes(ckpt.blob_key),
-        media_type="application/x-tar",
-        headers={
-            "content-disposition": f'attachment; filename="{ckpt.id}.tar"',
-            "content-length": str(store.size(ckpt.blob_key)),
-        },
-    )
+    return blob_response(ckpt.blob_key, filename=f"{ckpt.id}.tar", media_type="application/x-tar")
 
 
-@router.get("/{job_id}/stream")
+@router.get(
+    "/{job_id}/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}, **_JOB},
+)
 def stream_job(
     job_id: str,
     session: SessionDep,
     tenant: TenantDep,
     settings: SettingsDep,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=CURSOR_PATTERN)] = None,
 ) -> StreamingResponse:
     """Extension: events and metric rows as Server-Sent Events; resumable with `Last-Event-ID`."""
+    try:
+        cursor = Cursor.parse(last_event_id)
+    except ValueError as exc:
+        raise BadRequest(f"Last-Event-ID: {exc}", param="Last-Event-ID", code="invalid_value") from exc
     service.get_job(session, tenant=tenant, job_id=job_id)
     return StreamingResponse(
-        job_stream(job_id, Cursor.parse(last_event_id), settings),
+        job_stream(job_id, cursor, settings),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )
 
 
-@router.get("/{job_id}/metrics")
+@router.get("/{job_id}/metrics", responses=_JOB)
 def list_metrics(
-    job_id: str, session: SessionDep, tenant: TenantDep, after: int | None = None, limit: int = 1000
+    job_id: str,
+    session: SessionDep,
+    tenant: TenantDep,
+    after: Annotated[int | None, Query(ge=0, le=MAX_STEPS, description="the last step already read")] = None,
+    limit: Limit = 1000,
 ) -> dict[str, Any]:
     job = service.get_job(session, tenant=tenant, job_id=job_id)
     rows, has_more = service.list_metrics(session, job=job, after=after, limit=limit)

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from service.models import Checkpoint, Job, JobEvent, JobMetric
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused"]
+JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+# OpenAI's limits for `metadata`: at most 16 pairs, keys of at most 64 characters, values of at most 512
+METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
+Metadata = Annotated[
+    dict[
+        Annotated[str, Field(max_length=METADATA_MAX_KEY)],
+        Annotated[str, Field(max_length=METADATA_MAX_VALUE)],
+    ],
+    Field(max_length=METADATA_MAX_PAIRS),
+]
 
 
 class JobError(BaseModel):
@@ -45,9 +56,11 @@ class JobObject(BaseModel):
     started_at: int | None
     current_step: int
     total_steps: int | None
+    # 1-based place in the fair start order (service/jobs/fairness.py) while queued, else null
+    queue_position: int | None = None
 
     @classmethod
-    def of(cls, job: Job) -> JobObject:
+    def of(cls, job: Job, *, queue_position: int | None = None) -> JobObject:
         method_type = job.method["type"]
         hp = dict(job.method.get(method_type, {}).get("hyperparameters", {}))
         legacy = {k: hp[k] for k in ("n_epochs", "batch_size", "learning_rate_multiplier") if k in hp}
@@ -60,18 +73,22 @@ class JobObject(BaseModel):
             hyperparameters=legacy,
             model=job.model,
             organization_id=job.tenant_id,
-            result_files=[],
+            result_files=list(job.result_files or []),
             seed=job.seed,
             status=job.status,  # type: ignore[arg-type]
             trained_tokens=job.trained_tokens,
             training_file=job.training_file,
             validation_file=job.validation_file,
             metadata=job.user_metadata,
+            integrations=list(job.integrations or []),
             method=job.method,
             user_provided_suffix=job.suffix,
             started_at=job.started_at,
             current_step=job.current_step,
             total_steps=job.total_steps,
+            # OpenAI: null unless the job is running
+            estimated_finish=job.estimated_finish if job.status == "running" else None,
+            queue_position=queue_position if job.status == "queued" else None,
         )
 
 

@@ -3,34 +3,35 @@
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.base_models.catalog import resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint
 from service.config import Settings
 from service.errors import BadRequest, Conflict, NotFound
-from service.files.service import get_file
-from service.files.validation import METHOD_FORMATS, FileFormat
+from service.files.service import PURPOSES, get_file
+from service.files.validation import FileFormat, method_formats
+from service.graders.service import check_grader
 from service.ids import new_id, now
+from service.jobs.dispatch import queued_values, send_after_commit
 from service.jobs.events import add_event
-from service.jobs.graders import python_graders, score_models
+from service.jobs.integrations import duplicate_type, stored_integrations
 from service.jobs.schemas import TERMINAL_STATUSES
 from service.jobs.spec import (
-    RUNNABLE_METHODS,
     JobCreate,
     Method,
-    SupervisedHyperparameters,
-    SupervisedMethod,
+    hyperparameter_problem,
+    load_method,
     resolve_hyperparameters,
     stored_method,
 )
 from service.models import Checkpoint, File, Job, JobEvent, JobMetric, Tenant
 from service.pagination import check_limit, page
-from service.queue import RUN_JOB_TASK, enqueue_after_commit
 
 
 def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, method_type: str) -> File:
@@ -38,7 +39,14 @@ def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, m
         row = get_file(session, tenant=tenant, file_id=file_id, param=param)
     except NotFound as exc:
         raise BadRequest(f"{param}: no such file '{file_id}'", param=param, code="invalid_file") from exc
-    accepted = METHOD_FORMATS[method_type]
+    if row.purpose not in PURPOSES:
+        raise BadRequest(
+            f"{param}: file '{file_id}' has purpose '{row.purpose}'; train on a file uploaded with "
+            f"purpose {', '.join(PURPOSES)}",
+            param=param,
+            code="invalid_file",
+        )
+    accepted = method_formats(method_type)
     if FileFormat(row.format) not in accepted:
         names = ", ".join(sorted(f.value for f in accepted))
         raise BadRequest(
@@ -57,27 +65,7 @@ def _check_rl(
     if grader is None:
         return
     param = f"method.{method.type}.grader"
-    if spec.validation_file is not None:
-        raise BadRequest(
-            f"validation_file is not supported for method '{method.type}' yet",
-            param="validation_file",
-            code="not_implemented",
-        )
-    if python_graders(grader) and not settings.allow_python_grader:
-        raise BadRequest(
-            "python graders are disabled on this deployment (the operator enables them with "
-            "TUNEHOUSE_ALLOW_PYTHON_GRADER=1)",
-            param=f"{param}.type",
-            code="python_grader_disabled",
-        )
-    for name in score_models(grader):
-        if find_final_checkpoint(session, tenant_id=tenant.id, name=name, reward_model=True) is None:
-            raise BadRequest(
-                f"score_model grader: '{name}' is not a reward model of this organization "
-                "(train one with method 'reward_model' and use its fine_tuned_model)",
-                param=f"{param}.model",
-                code="model_not_available",
-            )
+    check_grader(session, tenant=tenant, grader=grader, settings=settings, param=param)
 
 
 def _method_of(spec: JobCreate) -> Method:
@@ -90,30 +78,33 @@ def _method_of(spec: JobCreate) -> Method:
     if spec.method is not None:
         return spec.method
     legacy = spec.hyperparameters.model_dump() if spec.hyperparameters else {}
-    return Method(
-        type="supervised", supervised=SupervisedMethod(hyperparameters=SupervisedHyperparameters(**legacy))
-    )
+    return load_method({"type": "supervised", "supervised": {"hyperparameters": legacy}})
 
 
 def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
     is_fine_tuned = spec.model.startswith("ft:") and (
         find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
     )
+    deleted = spec.model.startswith("ft:") and not is_fine_tuned
+    if deleted and find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model, include_deleted=True):
+        raise NotFound(
+            f"model '{spec.model}' was deleted (DELETE /v1/models) and cannot be fine-tuned further",
+            param="model",
+            code="model_not_found",
+        )
     if not is_fine_tuned and resolve_base_model(settings, spec.model) is None:
         raise BadRequest(
             f"model '{spec.model}' is not available for fine-tuning here; see GET /v1/models",
             param="model",
             code="model_not_available",
         )
-    if spec.integrations:
-        raise BadRequest("integrations are not supported", param="integrations", code="not_implemented")
-    method = _method_of(spec)
-    if method.type not in RUNNABLE_METHODS:
+    if spec.integrations and (i := duplicate_type(spec.integrations)) is not None:
         raise BadRequest(
-            f"method '{method.type}' is not implemented yet; available: {', '.join(RUNNABLE_METHODS)}",
-            param="method.type",
-            code="not_implemented",
+            f"integrations[{i}]: a second '{spec.integrations[i].type}' integration (one of each type)",
+            param=f"integrations[{i}].type",
+            code="invalid_value",
         )
+    method = _method_of(spec)
     _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
@@ -128,6 +119,10 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         )
 
     resolve_hyperparameters(method, n_examples=training.line_count)
+    problem = hyperparameter_problem(method)
+    if problem is not None:
+        param, message = problem
+        raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")
     job = Job(
         id=new_id("ftjob"),
         tenant_id=tenant.id,
@@ -138,15 +133,20 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         suffix=spec.suffix,
         seed=spec.seed if spec.seed is not None else secrets.randbelow(2**31),
         user_metadata=spec.metadata,
+        integrations=stored_integrations(spec.integrations),
         status="validating_files",
+        queue=settings.job_queue,
     )
     session.add(job)
     session.flush()
     add_event(session, job.id, f"Validating training file: {spec.training_file}")
     # files are validated line by line at upload, so the job can move on at once
-    job.status = "queued"
-    add_event(session, job.id, "Files validated, moving job to queued state")
-    enqueue_after_commit(session, RUN_JOB_TASK, [job.id])
+    t = time.time()
+    for name, value in queued_values(t).items():
+        setattr(job, name, value)
+    add_event(session, job.id, "Files validated, moving job to queued state", data=_kind("queued"))
+    # sent after commit; if the broker is down the job stays queued and the reconciler sends it later
+    send_after_commit(session, job.id, t, queue=job.queue)
     return job
 
 
@@ -171,27 +171,116 @@ def list_jobs(
     return page(session, stmt, Job.id, after=after, limit=limit)
 
 
+def _kind(status: str, kind: str | None = None, **data: Any) -> dict[str, Any]:
+    """Event data of a state change: `kind` names the transition (job.paused, job.restarted, ...)."""
+    return {"kind": kind or f"job.{status}", "status": status, **data}
+
+
+def _move(session: Session, job: Job, *, expect: tuple[str, ...], **values: Any) -> bool:
+    """Compare-and-set the job's row (a worker may move it at the same moment); True if we moved it."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_(expect))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+# A transition's compare-and-set can lose to a worker moving the job at the same moment; each loss
+# means the status moved on (queued -> running -> paused), so a few rounds always settle it.
+_ROUNDS = 5
+
+
+def _conflict(job: Job, action: str, allowed: str, code: str) -> Conflict:
+    state = f"has already {job.status}" if job.status in TERMINAL_STATUSES else f"is {job.status}"
+    hint = {
+        "paused": f"; resume it with POST /v1/fine_tuning/jobs/{job.id}/resume",
+        "running": f"; pause it with POST /v1/fine_tuning/jobs/{job.id}/pause",
+        "queued": "; it starts when a worker is free",
+    }.get(job.status, "")
+    if action == "cancelled":
+        hint = ""
+    return Conflict(
+        f"job {job.id} {state}; only {allowed} job can be {action}{hint}",
+        param="fine_tuning_job_id",
+        code=code,
+    )
+
+
 def cancel_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
     job = get_job(session, tenant=tenant, job_id=job_id)
-    if job.status in TERMINAL_STATUSES:
-        raise Conflict(
-            f"job {job_id} has already {job.status}; it cannot be cancelled",
-            param="fine_tuning_job_id",
-            code="job_not_cancellable",
-        )
-    # A running job's worker sees the status change at its next control poll and stops within a step.
-    job.status = "cancelled"
-    job.finished_at = now()
-    add_event(session, job.id, "Job cancelled by user", data={"requested": "cancel"})
+    for _ in range(_ROUNDS):
+        if job.status in TERMINAL_STATUSES:
+            raise _conflict(job, "cancelled", "a queued, running or paused", "job_not_cancellable")
+        # A running job's trainer sees the status change at its next control poll and stops within a step.
+        if _move(
+            session, job, expect=(job.status,), status="cancelled", finished_at=now(), pause_requested=False
+        ):
+            add_event(session, job.id, "Job cancelled by user", data=_kind("cancelled", requested="cancel"))
+            break
+        session.refresh(job)
+    session.refresh(job)
     return job
 
 
-def not_implemented_control(action: str) -> BadRequest:
-    return BadRequest(
-        f"{action} is not implemented yet; a job can be cancelled, or left to finish",
-        param="fine_tuning_job_id",
-        code="not_implemented",
-    )
+def pause_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
+    """Queued: paused at once. Running: the trainer writes a resumable checkpoint at its next control
+    poll, frees its worker, and the job becomes `paused` (it stays `running` until then)."""
+    job = get_job(session, tenant=tenant, job_id=job_id)
+    for _ in range(_ROUNDS):
+        if job.status == "queued":
+            if _move(session, job, expect=("queued",), status="paused", pause_requested=False):
+                add_event(session, job.id, "Job paused before it started", data=_kind("paused"))
+                break
+        elif job.status == "running":
+            if job.pause_requested:
+                break  # asked already: pausing is idempotent
+            if _move(session, job, expect=("running",), pause_requested=True):
+                add_event(
+                    session,
+                    job.id,
+                    "Pause requested: the trainer checkpoints and stops at its next step",
+                    data=_kind("running", "job.pause_requested"),
+                )
+                break
+        else:
+            raise _conflict(job, "paused", "a queued or running", "job_not_pausable")
+        session.refresh(job)
+    session.refresh(job)
+    return job
+
+
+def resume_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
+    """Paused: queued again, and a worker continues from the pause checkpoint exactly. A pause that
+    was requested but not carried out yet is withdrawn instead."""
+    job = get_job(session, tenant=tenant, job_id=job_id)
+    for _ in range(_ROUNDS):
+        if job.status == "paused":
+            t = time.time()
+            if _move(session, job, expect=("paused",), **queued_values(t)):
+                add_event(
+                    session,
+                    job.id,
+                    "Job resumed; queued to continue from its latest checkpoint",
+                    data=_kind("queued", "job.resumed"),
+                )
+                send_after_commit(session, job.id, t, queue=job.queue)
+                break
+        elif job.status in ("queued", "running") and job.pause_requested:
+            if _move(session, job, expect=(job.status,), pause_requested=False):
+                add_event(
+                    session,
+                    job.id,
+                    "Pause request withdrawn; the job carries on",
+                    data=_kind(job.status, "job.pause_withdrawn"),
+                )
+                break
+        else:
+            raise _conflict(job, "resumed", "a paused", "job_not_resumable")
+        session.refresh(job)
+    session.refresh(job)
+    return job
 
 
 def list_events(
@@ -220,6 +309,12 @@ def get_checkpoint(session: Session, *, job: Job, checkpoint_id: str) -> Checkpo
     if row is None:
         raise NotFound(
             f"No such checkpoint: {checkpoint_id}", param="checkpoint_id", code="checkpoint_not_found"
+        )
+    if row.deleted_at is not None:
+        raise NotFound(
+            f"checkpoint {checkpoint_id} is the model '{row.fine_tuned_model_checkpoint}', which was deleted",
+            param="checkpoint_id",
+            code="model_deleted",
         )
     return row
 

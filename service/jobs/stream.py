@@ -5,28 +5,55 @@ configured) is the fast path: the worker publishes each metric row the moment th
 so a connected client sees it well under a second later instead of at the next DB flush. The SSE id
 is the cursor `e<event seq>.m<metric step>`; the stream ends with an `end` event once the job has
 ended and everything is sent.
+
+Redis is optional and may come and go: without it (not configured, down, or dropped mid-stream) the
+stream polls the DB four times a second and resubscribes when Redis is back. A database outage
+keeps the stream open too (Redis rows still flow); the DB is read again once it answers. When the
+server drains (SIGTERM), the stream sends a `retry:` hint and ends without `end`; the client
+reconnects with `Last-Event-ID` and misses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from service.config import Settings
-from service.db import get_sessionmaker
+from service.db import DB_UNAVAILABLE_ERRORS, get_sessionmaker
+from service.db_slots import db_slot
+from service.errors import ServiceUnavailable
 from service.jobs.schemas import TERMINAL_STATUSES, EventObject, metric_object
 from service.models import Job, JobEvent, JobMetric
+from service.shutdown import draining
 
 KEEPALIVE_SECONDS = 15.0
 POLL_SECONDS = 0.25  # without Redis, how often the DB is asked for news
 DB_CATCHUP_SECONDS = 1.0  # with Redis, how often the DB is still read (events live only there)
+REDIS_RETRY_SECONDS = 2.0  # after Redis failed, how long the stream polls the DB before trying again
+REDIS_CONNECT_TIMEOUT = 1.0  # a down Redis must not hold up the DB fallback
+RECONNECT_MS = 1000  # the `retry:` hint sent when the server drains: clients come back after ~1 s
+DRAIN_FRAME = f"retry: {RECONNECT_MS}\n: server shutting down; reconnect with Last-Event-ID\n\n".encode()
+REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+# the database is down, or busy past the wait for a slot: either way, read it again at the next pass
+_DB_NOT_NOW: tuple[type[Exception], ...] = (*DB_UNAVAILABLE_ERRORS, ServiceUnavailable)
+log = logging.getLogger("tunehouse.api")
+
+
+# The `id:` of each frame. Nine digits a side: seq and step are 32-bit columns, and a bound a regular
+# expression can state exactly lets the OpenAPI document say which Last-Event-ID values are accepted.
+CURSOR_PATTERN = r"^e([0-9]{1,9})\.m([0-9]{1,9})$"
+_CURSOR = re.compile(CURSOR_PATTERN)
 
 
 def channel(job_id: str) -> str:
@@ -40,11 +67,14 @@ class Cursor:
 
     @classmethod
     def parse(cls, raw: str | None) -> Cursor:
-        try:
-            e, m = (raw or "").split(".")
-            return cls(int(e.removeprefix("e")), int(m.removeprefix("m")))
-        except ValueError:
+        """The `id:` this stream sent (`Last-Event-ID`); none = from the start. ValueError when it is not
+        one (garbage, or a number no 32-bit column holds)."""
+        if not raw:
             return cls()
+        match = _CURSOR.match(raw)
+        if match is None:
+            raise ValueError(f"'{raw[:40]}' is not a stream position (expected e<event>.m<step>)")
+        return cls(int(match[1]), int(match[2]))
 
     def __str__(self) -> str:
         return f"e{self.event_seq}.m{self.metric_step}"
@@ -76,18 +106,82 @@ def _read_since(job_id: str, cursor: Cursor) -> tuple[list[JobEvent], list[JobMe
     return events, metrics, status
 
 
-async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIterator[bytes]:
-    pubsub: Any = None
-    if settings.redis_url:
+class _LiveFeed:
+    """The Redis pub/sub subscription of one stream, or none: it is optional and may drop at any time.
+
+    Any Redis error closes the subscription; the stream then polls the DB every POLL_SECONDS and tries
+    to subscribe again every REDIS_RETRY_SECONDS. Subscribing happens before the next DB read, so a
+    row published in between is still read from the DB.
+    """
+
+    def __init__(self, url: str, job_id: str) -> None:
+        self.url, self.job_id = url, job_id
+        self.pubsub: Any = None
+        self.client: Any = None
+        self.retry_at = 0.0
+
+    async def connect(self) -> None:
+        if self.pubsub is not None or not self.url or time.monotonic() < self.retry_at:
+            return
         import redis.asyncio
 
-        client = redis.asyncio.Redis.from_url(settings.redis_url)
-        pubsub = client.pubsub()
-        await pubsub.subscribe(channel(job_id))  # before the first DB read, so nothing falls in between
+        # health checks: a subscription whose server restarted can sit on a dead socket and read
+        # silence forever; a PING on an idle connection surfaces that as an error, so we resubscribe
+        self.client = redis.asyncio.Redis.from_url(
+            self.url,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT,
+            retry=None,
+            health_check_interval=REDIS_RETRY_SECONDS,
+        )
+        self.pubsub = self.client.pubsub()
+        try:
+            await self.pubsub.subscribe(channel(self.job_id))
+        except REDIS_ERRORS as exc:
+            await self.drop(exc)
+
+    async def drop(self, exc: BaseException | None = None) -> None:
+        if exc is not None:
+            log.warning("stream %s: Redis unavailable (%s); reading the DB instead", self.job_id, exc)
+            self.retry_at = time.monotonic() + REDIS_RETRY_SECONDS
+        pubsub, client, self.pubsub, self.client = self.pubsub, self.client, None, None
+        try:
+            if pubsub is not None:
+                await pubsub.aclose()
+            if client is not None:
+                await client.aclose()
+        except REDIS_ERRORS:
+            pass  # closing a dead connection
+
+    async def get(self, timeout: float) -> dict[str, Any] | None:
+        """The next published row within `timeout`; None on silence or when Redis went away."""
+        if self.pubsub is None:
+            return None
+        try:
+            message = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
+        except REDIS_ERRORS as exc:
+            await self.drop(exc)
+            return None
+        return None if message is None else dict(json.loads(message["data"]))
+
+
+async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIterator[bytes]:
+    live = _LiveFeed(settings.redis_url, job_id)
     try:
         last_sent = time.monotonic()
         while True:
-            events, metrics, status = await run_in_threadpool(_read_since, job_id, cursor)
+            if draining():
+                # the server is stopping: tell the client to come back (to the next instance) soon
+                yield DRAIN_FRAME
+                return
+            await live.connect()
+            try:
+                async with db_slot():
+                    events, metrics, status = await run_in_threadpool(_read_since, job_id, cursor)
+            except _DB_NOT_NOW as exc:
+                # the connection stays open: Redis (if up) still brings metric rows, and the DB is
+                # read again at the next pass; the cursor makes the catch-up exact
+                log.warning("stream %s: database unavailable (%s)", job_id, type(exc).__name__)
+                events, metrics, status = [], [], "running"
             for ev in events:
                 cursor.event_seq = ev.seq
                 yield _frame("event", cursor, EventObject.of(ev).model_dump())
@@ -101,30 +195,28 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
                 return
             if len(events) == 1000 or len(metrics) == 1000:
                 continue  # more history to replay
-            if pubsub is None:
-                await asyncio.sleep(POLL_SECONDS)
-            else:
-                deadline = time.monotonic() + DB_CATCHUP_SECONDS
-                while (left := deadline - time.monotonic()) > 0:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
-                    if message is None:
-                        continue
-                    row = json.loads(message["data"])
-                    step = int(row["step"])
-                    if step > cursor.metric_step + 1:
-                        # a gap: a message was missed (e.g. published before our subscription took
-                        # effect); the DB has every row, so read it rather than skip a step for good
-                        break
-                    # a step is sent once, except an evaluation that lands on a step already sent
-                    if step == cursor.metric_step + 1 or (step == cursor.metric_step and "valid_loss" in row):
-                        cursor.metric_step = step
-                        last_sent = time.monotonic()
-                        yield _frame("metrics", cursor, {"object": "fine_tuning.job.metric", **row})
+            deadline = time.monotonic() + (DB_CATCHUP_SECONDS if live.pubsub is not None else POLL_SECONDS)
+            while (left := deadline - time.monotonic()) > 0 and not draining():
+                if live.pubsub is None:
+                    await asyncio.sleep(min(left, POLL_SECONDS))
+                    continue
+                published = await live.get(left)
+                if published is None:
+                    continue
+                step = int(published["step"])
+                if step > cursor.metric_step + 1:
+                    # a gap: a message was missed (e.g. published before our subscription took
+                    # effect); the DB has every row, so read it rather than skip a step for good
+                    break
+                # a step is sent once, except an evaluation that lands on a step already sent
+                if step == cursor.metric_step + 1 or (
+                    step == cursor.metric_step and "valid_loss" in published
+                ):
+                    cursor.metric_step = step
+                    last_sent = time.monotonic()
+                    yield _frame("metrics", cursor, {"object": "fine_tuning.job.metric", **published})
             if time.monotonic() - last_sent > KEEPALIVE_SECONDS:
                 last_sent = time.monotonic()
                 yield b": keep-alive\n\n"
     finally:
-        if pubsub is not None:
-            await pubsub.unsubscribe()
-            await pubsub.aclose()
-            await client.aclose()
+        await live.drop()

@@ -37,7 +37,8 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
     assert proc.stdout is not None
     lines: list[str] = []
     try:
-        deadline = time.monotonic() + 240
+        # generous: four processes (API, worker, trainer, inference worker) start on a shared 2-core box
+        deadline = time.monotonic() + 420
         while not any(line.startswith("tunehouse is running") for line in lines):
             assert time.monotonic() < deadline, "".join(lines)
             line = proc.stdout.readline()
@@ -52,6 +53,20 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
 
         headers = {"Authorization": f"Bearer {key.group(1)}"}
         jobs = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs", headers=headers).json()["data"]
+        # the inference worker streams back through the data dir (no Redis in the embedded default)
+        streamed = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={
+                "model": jobs[0]["fine_tuned_model"],
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+                "stream": True,
+            },
+            headers=headers,
+            timeout=120,
+        )
+        assert streamed.status_code == 200, streamed.text
+        assert streamed.text.startswith("data: {") and streamed.text.endswith("data: [DONE]\n\n")
         assert [j["status"] for j in jobs] == ["succeeded"]
         metrics = httpx.get(
             f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}/metrics", headers=headers

@@ -1,5 +1,6 @@
-"""DPO and reward-model jobs through API + Celery worker on PostgreSQL/Redis, on the same machinery as
-SFT; a fine-tuned model is the base of a later job; a reward model's export loads as a classifier."""
+"""DPO, ORPO, CPO, SimPO, KTO and reward-model jobs through API + Celery worker on PostgreSQL/Redis, on the
+same machinery as SFT; a fine-tuned model is the base of a later job; a reward model's export loads as a
+classifier; KTO's unpaired feedback files are checked at upload."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, jsonl, upload, upload_ok, wait_for
 
 MODEL = "tunehouse/tiny-llama"
 
@@ -31,6 +33,17 @@ def preference_rows(n: int = 16, *, openai_shape: bool = True) -> list[dict[str,
             )
         else:
             rows.append({"prompt": question, "chosen": good, "rejected": bad})
+    return rows
+
+
+def feedback_rows(n: int = 16) -> list[dict[str, Any]]:
+    """KTO's unpaired feedback: each prompt answered once, politely (desirable) or rudely (undesirable)."""
+    rows: list[dict[str, Any]] = []
+    for row in preference_rows(n, openai_shape=False):
+        good = len(rows) % 2 == 0
+        answer = row["chosen"] if good else row["rejected"]
+        messages = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": answer}]
+        rows.append({"messages": messages, "label": good})
     return rows
 
 
@@ -115,3 +128,63 @@ def test_reward_model_job_exports_a_classifier(stack_client: httpx.Client, tmp_p
     folder = _download_final(stack_client, job["id"], tmp_path / "rm")
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     assert model.config.num_labels == 1
+
+
+# one job per reference-free preference method; the learning rates are the tiny model's, tuned for 8 steps
+PAIR_METHODS = {
+    "orpo": {"beta": 0.5},
+    "cpo": {"beta": 0.1, "cpo_alpha": 0.5},
+    "simpo": {"beta": 2.0, "simpo_gamma": 1.0},
+}
+
+
+@pytest.mark.parametrize("method", PAIR_METHODS)
+def test_reference_free_preference_job(stack_client: httpx.Client, method: str) -> None:
+    pref = upload_ok(stack_client, preference_rows(openai_shape=method != "cpo"))
+    hp = {"n_epochs": 2, "batch_size": 4, "learning_rate": 5e-3, **PAIR_METHODS[method]}
+    job, metrics = _run(
+        stack_client,
+        {"model": MODEL, "training_file": pref, "method": {"type": method, method: {"hyperparameters": hp}}},
+    )
+    assert [m["step"] for m in metrics] == list(range(1, 9))
+    for key in (
+        "loss",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "nll_loss",
+    ):
+        assert key in metrics[-1], key
+    assert metrics[-1]["rewards/margins"] > metrics[0]["rewards/margins"]
+    assert job["method"][method]["hyperparameters"]["beta"] == hp["beta"]
+    assert job["trained_tokens"] > 0
+
+
+def test_kto_job_on_unpaired_feedback(stack_client: httpx.Client) -> None:
+    # malformed feedback is refused at upload, naming the line and field
+    bad = upload(stack_client, jsonl([*feedback_rows(2), {**feedback_rows(1)[0], "label": "yes"}]))
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["message"].startswith("line 3: field 'label': expected true or false")
+    # an SFT file is not feedback (preference pairs are: each gives a desirable and an undesirable example)
+    sft = upload_ok(stack_client, chat_rows(4))
+    wrong = stack_client.post(
+        "/v1/fine_tuning/jobs", json={"model": MODEL, "training_file": sft, "method": {"type": "kto"}}
+    )
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "training_file", wrong.text
+
+    feedback = upload_ok(stack_client, feedback_rows())
+    hp = {"n_epochs": 2, "batch_size": 4, "learning_rate": 5e-3, "beta": 0.5, "undesirable_weight": 1.2}
+    job, metrics = _run(
+        stack_client,
+        {
+            "model": MODEL,
+            "training_file": feedback,
+            "method": {"type": "kto", "kto": {"hyperparameters": hp}},
+        },
+    )
+    assert [m["step"] for m in metrics] == list(range(1, 9))
+    assert {"loss", "kl", "logps/chosen", "logps/rejected"} <= set(metrics[-1])
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    assert metrics[0]["loss"] == pytest.approx(0.5 * (1 + 1.2) / 2, abs=0.05)  # σ(0) at the start
+    assert job["method"]["kto"]["hyperparameters"]["undesirable_weight"] == 1.2

@@ -1,7 +1,8 @@
 """The whole path on real components: uvicorn + Celery worker over Redis + PostgreSQL + trainer process.
 
 upload -> SFT job on the tiny model -> succeeded, with events, falling loss, checkpoints that download
-and load with plain transformers; cancel mid-run; a job whose data fails at run time.
+and load with plain transformers; cancel mid-run; a job whose data fails at run time (the user's fault)
+and one whose stored file is lost (the system's).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import Stack
+from tests.conftest import DATA_DIR, Stack
 from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 
 MODEL = "tunehouse/tiny-llama"
@@ -83,6 +84,8 @@ def test_sft_job_runs_to_success_and_model_downloads(stack_client: httpx.Client,
     )
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
     assert out.shape[1] > prompt["input_ids"].shape[1]
+    reply = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert reply.strip(), repr(reply)  # text, not just EOS or spaces (measured: ' us us us  ')
 
 
 def test_cancel_mid_run_stops_within_a_few_steps(stack_client: httpx.Client) -> None:
@@ -100,9 +103,9 @@ def test_cancel_mid_run_stops_within_a_few_steps(stack_client: httpx.Client) -> 
     while stack_client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"] < 3:
         assert time.monotonic() < deadline, "job never started training"
         time.sleep(0.2)
+    cancelled_at = time.time()
     cancelled = stack_client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").json()
     assert cancelled["status"] == "cancelled"
-    at_cancel = cancelled["current_step"]
     # the trainer notices within its control poll and stops; the events say so
     deadline = time.monotonic() + 60
     while True:
@@ -117,7 +120,9 @@ def test_cancel_mid_run_stops_within_a_few_steps(stack_client: httpx.Client) -> 
         assert time.monotonic() < deadline, events
         time.sleep(0.3)
     metrics = all_pages(stack_client, f"/v1/fine_tuning/jobs/{job_id}/metrics")
-    assert metrics[-1]["step"] - at_cancel <= 10
+    # bounded in time, not steps (a step takes ~50 ms idle and ~1 s under load): the trainer stops
+    # within one control poll (0.2 s here) plus the step in flight; 3 s leaves room for a loaded machine
+    assert metrics[-1]["logged_at"] - cancelled_at <= 3.0, metrics[-1]
     job = stack_client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
     assert job["status"] == "cancelled" and job["fine_tuned_model"] is None
     assert stack_client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()["data"] == []
@@ -149,6 +154,23 @@ def test_runtime_data_failure_is_the_users_fault(stack_client: httpx.Client) -> 
     assert job["error"]["fault"] == "user" and job["error"]["code"] == "invalid_training_data"
     assert job["error"]["param"]
     assert "trunc" in job["error"]["message"] or "max_length" in job["error"]["message"]
+
+
+def test_a_lost_blob_is_the_systems_fault(stack_client: httpx.Client) -> None:
+    """The training file's bytes vanish from the blob store after upload (lost storage, not bad input):
+    the job fails with `fault: "system"` and an internal error code, and the API still answers."""
+    train = upload_ok(stack_client, chat_rows(8))
+    (blob,) = DATA_DIR.joinpath("blobs", "files").rglob(f"{train}.jsonl")
+    blob.unlink()
+    job_id = stack_client.post("/v1/fine_tuning/jobs", json={"model": MODEL, "training_file": train}).json()[
+        "id"
+    ]
+    job = wait_for(stack_client, job_id)
+    assert job["status"] == "failed" and job["fine_tuned_model"] is None
+    assert job["error"]["fault"] == "system" and job["error"]["code"] == "internal_error"
+    assert job["error"]["param"] is None and "FileNotFoundError" in job["error"]["message"]
+    events = [e["message"] for e in all_pages(stack_client, f"/v1/fine_tuning/jobs/{job_id}/events")]
+    assert any(m.startswith("Job failed: FileNotFoundError") for m in events)
 
 
 def test_worker_is_alive(stack: Stack) -> None:

@@ -15,12 +15,14 @@ from tests.conftest import REDIS, _stop, start_server
 from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 
 BROKER = f"{REDIS}/12"
+# a queue of its own too: workers claim any queued job of their queue in the shared database
+ENV = {"TUNEHOUSE_BROKER_URL": BROKER, "TUNEHOUSE_JOB_QUEUE": "tunehouse-crash"}
 
 
 def _worker() -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"],
-        env={**os.environ, "TUNEHOUSE_BROKER_URL": BROKER},
+        env={**os.environ, **ENV},
         start_new_session=True,  # its own process group, so the test can kill worker + trainer at once
     )
 
@@ -29,7 +31,7 @@ def test_killed_worker_job_resumes_from_checkpoint(api_key: str) -> None:
     import redis
 
     redis.Redis.from_url(BROKER).flushdb()
-    url, server = start_server({"TUNEHOUSE_BROKER_URL": BROKER})
+    url, server = start_server(ENV)
     first = _worker()
     second: subprocess.Popen[bytes] | None = None
     try:
@@ -60,7 +62,7 @@ def test_killed_worker_job_resumes_from_checkpoint(api_key: str) -> None:
         assert job["status"] == "succeeded", job
 
         events = [e["message"] for e in all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/events")]
-        assert any(m.startswith("Worker stopped responding") for m in events)
+        assert any(m.startswith("Job restarted (1 of 3): its worker stopped responding") for m in events)
         resumed = [m for m in events if m.startswith("Resuming from the checkpoint at step")]
         assert resumed, events
         metrics = all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/metrics")

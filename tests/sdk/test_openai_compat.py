@@ -81,6 +81,11 @@ def test_openai_client_end_to_end(oai: openai.OpenAI, tmp_path: Path) -> None:
     assert [j.id for j in first.data] == [dpo.id] and first.has_more
     assert [j.id for j in oai.fine_tuning.jobs.list(limit=1)][:2] == [dpo.id, job.id]
 
+    # pause and resume return the job object, as OpenAI's do (it has barely started: still queued,
+    # or running while its trainer loads, when a pause is recorded and carried out at the first step)
+    paused = oai.fine_tuning.jobs.pause(dpo.id)
+    assert paused.object == "fine_tuning.job" and paused.status in ("paused", "running")
+    assert oai.fine_tuning.jobs.resume(dpo.id).status in ("queued", "running")
     cancelled = oai.fine_tuning.jobs.cancel(dpo.id)
     assert cancelled.status == "cancelled"
 

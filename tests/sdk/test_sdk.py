@@ -72,9 +72,12 @@ def test_files_and_jobs_round_trip(sdk: tunehouse.Client, tmp_path: Path) -> Non
 
     job = sdk.fine_tuning.jobs.retrieve(ids[0])
     assert isinstance(job, tunehouse.FineTuningJob) and job.status == "queued" and not job.done
+    positions = [sdk.fine_tuning.jobs.retrieve(i).queue_position for i in ids]
+    assert None not in positions and positions == sorted(set(positions)), positions  # FIFO in a tenant
     events = list(sdk.fine_tuning.jobs.list_events(job.id, limit=1))
     assert len(events) == 2 and all(isinstance(e, tunehouse.JobEvent) for e in events)
-    assert sdk.fine_tuning.jobs.cancel(job.id).status == "cancelled"
+    cancelled = sdk.fine_tuning.jobs.cancel(job.id)
+    assert cancelled.status == "cancelled" and cancelled.queue_position is None
     assert sdk.files.delete(f.id).deleted
 
 
@@ -88,11 +91,18 @@ def test_typed_errors_carry_status_param_and_request_id(sdk: tunehouse.Client, a
     with pytest.raises(tunehouse.BadRequestError) as bad:
         sdk.fine_tuning.jobs.create(model="nope", training_file=f.id)
     assert bad.value.param == "model"
+    with pytest.raises(tunehouse.BadRequestError) as bad:
+        sdk.fine_tuning.jobs.create(model=MODEL, training_file=f.id, integrations=[{"type": "wandb"}])
+    assert bad.value.param == "integrations[0]"
 
-    job = sdk.fine_tuning.jobs.create(model=MODEL, training_file=f.id)
-    with pytest.raises(tunehouse.BadRequestError) as pause:
+    wandb = [{"type": "wandb", "wandb": {"project": "p"}}]
+    job = sdk.fine_tuning.jobs.create(model=MODEL, training_file=f.id, integrations=wandb)
+    assert job.integrations == wandb
+    assert sdk.fine_tuning.jobs.pause(job.id).status == "paused"  # no worker on this server: still queued
+    with pytest.raises(tunehouse.ConflictError) as pause:
         sdk.fine_tuning.jobs.pause(job.id)
-    assert pause.value.code == "not_implemented"
+    assert pause.value.code == "job_not_pausable" and pause.value.param == "fine_tuning_job_id"
+    assert sdk.fine_tuning.jobs.resume(job.id).status == "queued"
     sdk.fine_tuning.jobs.cancel(job.id)
     with pytest.raises(tunehouse.ConflictError):
         sdk.fine_tuning.jobs.cancel(job.id)
@@ -201,8 +211,10 @@ def test_async_client(api_url: str, api_key: str) -> None:
             assert (await client.fine_tuning.jobs.retrieve(job.id)).status == "queued"
             page = await client.fine_tuning.jobs.list(limit=1)
             assert [j.id async for j in page] == [job.id]
-            with pytest.raises(tunehouse.BadRequestError):
-                await client.fine_tuning.jobs.pause(job.id)
+            assert (await client.fine_tuning.jobs.pause(job.id)).status == "paused"
+            with pytest.raises(tunehouse.ConflictError):
+                await client.fine_tuning.jobs.resume(job.id) and await client.fine_tuning.jobs.resume(job.id)
+            assert (await client.fine_tuning.jobs.pause(job.id)).status == "paused"
             assert (await client.fine_tuning.jobs.cancel(job.id)).status == "cancelled"
             assert [e.message async for e in await client.fine_tuning.jobs.list_events(job.id, limit=1)][-1]
             with pytest.raises(tunehouse.NotFoundError):

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from service.files.validation import (
-    METHOD_FORMATS,
     FileFormat,
     FileStats,
     FileValidationError,
     JsonlValidator,
+    method_formats,
     validate_chunks,
 )
 
@@ -67,6 +67,9 @@ PREF_OPENAI = {
 PREF_PAIRS = {"prompt": "Pick one", "chosen": "A", "rejected": "B"}
 RL_MESSAGES = {"messages": [user("What is 2+2?")], "answer": "4"}
 RL_PROMPT = {"prompt": "What is 2+2?", "answer": "4"}
+FEEDBACK = {"prompt": "2+2=", "completion": "4", "label": True}
+FEEDBACK_CHAT = {"prompt": [user("2+2=")], "completion": [assistant("5")], "label": False}
+FEEDBACK_MESSAGES = {"messages": [user("2+2="), assistant("4")], "label": True}
 
 
 def assert_error(exc: FileValidationError, line: int | None, field: str | None, contains: str = "") -> None:
@@ -96,6 +99,9 @@ def assert_error(exc: FileValidationError, line: int | None, field: str | None, 
         (RL_MESSAGES, FileFormat.PROMPT_ONLY),
         (RL_PROMPT, FileFormat.PROMPT_ONLY),
         ({"messages": [user(), assistant(), user("And now?")]}, FileFormat.PROMPT_ONLY),
+        (FEEDBACK, FileFormat.UNPAIRED_PREFERENCE),
+        (FEEDBACK_CHAT, FileFormat.UNPAIRED_PREFERENCE),
+        (FEEDBACK_MESSAGES, FileFormat.UNPAIRED_PREFERENCE),
     ],
 )
 def test_every_format_is_detected(example: dict[str, Any], fmt: FileFormat) -> None:
@@ -105,10 +111,13 @@ def test_every_format_is_detected(example: dict[str, Any], fmt: FileFormat) -> N
 
 
 def test_method_formats() -> None:
-    assert METHOD_FORMATS["supervised"] == {FileFormat.CHAT, FileFormat.PROMPT_COMPLETION, FileFormat.TEXT}
-    assert METHOD_FORMATS["dpo"] == METHOD_FORMATS["reward_model"] == {FileFormat.PREFERENCE}
+    assert method_formats("supervised") == {FileFormat.CHAT, FileFormat.PROMPT_COMPLETION, FileFormat.TEXT}
+    assert method_formats("dpo") == method_formats("reward_model") == {FileFormat.PREFERENCE}
     for method in ("grpo", "ppo", "reinforcement"):
-        assert METHOD_FORMATS[method] == {FileFormat.PROMPT_ONLY}
+        assert method_formats(method) == {FileFormat.PROMPT_ONLY}
+    for method in ("orpo", "cpo", "simpo"):
+        assert method_formats(method) == {FileFormat.PREFERENCE}
+    assert method_formats("kto") == {FileFormat.UNPAIRED_PREFERENCE, FileFormat.PREFERENCE}
     assert isinstance(FileFormat.CHAT, str)
     assert str(FileFormat.CHAT) == FileFormat.CHAT.value == "chat"
     assert FileFormat("prompt_only") is FileFormat.PROMPT_ONLY
@@ -386,6 +395,41 @@ def test_prompt_only_prompt_must_be_a_non_empty_string() -> None:
 def test_prompt_only_messages_are_validated() -> None:
     exc = error(jl(RL_MESSAGES, {"messages": [{"role": "user", "content": ""}]}))
     assert_error(exc, 2, "messages[0].content", "non-empty")
+
+
+# -- unpaired feedback (KTO) -------------------------------------------------------------------------------
+
+
+def test_unpaired_feedback_labels_are_booleans() -> None:
+    assert validate(jl(FEEDBACK, {**FEEDBACK, "label": False})).line_count == 2
+    exc = error(jl(FEEDBACK, {**FEEDBACK, "label": "yes"}))
+    assert_error(exc, 2, "label", "expected true or false, got string")
+    exc = error(jl(FEEDBACK_MESSAGES, {"messages": FEEDBACK_MESSAGES["messages"]}))
+    assert_error(exc, 2, "label", "missing")
+    assert_error(error(jl(FEEDBACK, {**FEEDBACK, "label": 1})), 2, "label", "got number")
+    # a non-boolean label on the first line is an extra field of another format, not unpaired feedback
+    assert validate(jl({**PC, "label": "math"})).format is FileFormat.PROMPT_COMPLETION
+    assert validate(jl({**RL_MESSAGES, "label": 3})).format is FileFormat.PROMPT_ONLY
+
+
+def test_unpaired_feedback_fields() -> None:
+    assert_error(error(jl(FEEDBACK, {"prompt": "p", "label": True})), 2, "completion", "missing")
+    assert_error(error(jl(FEEDBACK, {"completion": "c", "label": True})), 2, "prompt", "missing")
+    assert_error(error(jl(FEEDBACK, {**FEEDBACK, "completion": ""})), 2, "completion", "non-empty")
+    exc = error(jl(FEEDBACK_CHAT, {**FEEDBACK_CHAT, "completion": [user("x")]}))
+    assert_error(exc, 2, "completion[0].role", "expected 'assistant', got 'user'")
+    exc = error(jl(FEEDBACK_MESSAGES, {"messages": [user(), user()], "label": True}))
+    assert_error(exc, 2, "messages[1].role", "the last message must be the assistant's judged completion")
+    exc = error(jl(FEEDBACK_MESSAGES, {"messages": [assistant()], "label": True}))
+    assert_error(exc, 2, "messages", "needs the prompt's messages")
+
+
+def test_a_file_uses_one_unpaired_feedback_shape() -> None:
+    assert validate(jl(FEEDBACK, FEEDBACK_CHAT)).format is FileFormat.UNPAIRED_PREFERENCE
+    err = error(jl(FEEDBACK, FEEDBACK_MESSAGES))
+    assert err.line == 2 and "one shape per file" in err.message
+    exc = error(jl(FEEDBACK, PC))  # an SFT row in a feedback file reads as a row missing its label
+    assert_error(exc, 2, "label", "missing")
 
 
 # -- file-level rules ---------------------------------------------------------------------------------------

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import email.message
+import email.utils
 import hashlib
 import json
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from service.config import get_settings
@@ -121,3 +124,49 @@ def test_list_pagination(client: httpx.Client) -> None:
     rest = client.get("/v1/files", params={"limit": 10, "after": first["last_id"]}).json()
     assert [f["id"] for f in rest["data"]] == ids[::-1][2:] and rest["has_more"] is False
     assert client.get("/v1/files", params={"limit": 0}).status_code == 400
+
+
+def _raw_upload(client: httpx.Client, filename: bytes, data: bytes) -> httpx.Response:
+    # written by hand: httpx would percent-encode a quote, and never sends Latin-1
+    body = (
+        b'--b0undary\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nfine-tune\r\n'
+        b'--b0undary\r\nContent-Disposition: form-data; name="file"; filename="'
+        + filename
+        + b'"\r\n\r\n'
+        + data
+        + b"\r\n--b0undary--\r\n"
+    )
+    return client.post(
+        "/v1/files", content=body, headers={"content-type": "multipart/form-data; boundary=b0undary"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw_name", "stored"),
+    [
+        ("データ.jsonl".encode(), "データ.jsonl"),  # UTF-8, as browsers and httpx send it
+        ("café ü.jsonl".encode("latin-1"), "café ü.jsonl"),  # Latin-1, as older clients send it
+        (b'a\\"; filename=evil.sh; x=\\".jsonl', 'a"; filename=evil.sh; x=".jsonl'),  # an escaped quote
+        (b"100% \\\\ sure;.jsonl", "100% \\ sure;.jsonl"),
+    ],
+)
+def test_filenames_are_stored_as_given_and_served_with_rfc6266(
+    client: httpx.Client, raw_name: bytes, stored: str
+) -> None:
+    data = jsonl(chat_rows(1))
+    response = _raw_upload(client, raw_name, data)
+    assert response.status_code == 200, response.text
+    file_id = response.json()["id"]
+    assert client.get(f"/v1/files/{file_id}").json()["filename"] == stored
+
+    content = client.get(f"/v1/files/{file_id}/content")
+    assert content.status_code == 200 and content.content == data
+    message = email.message.Message()
+    message["content-disposition"] = content.headers["content-disposition"]
+    params = message.get_params(header="content-disposition")
+    assert params is not None
+    # exactly: attachment, an ASCII fallback, and filename* — a quote in the name added no parameter
+    assert [name for name, _ in params] == ["attachment", "filename", "filename"], params
+    fallback, extended = params[1][1], params[2][1]
+    assert isinstance(fallback, str) and fallback.isascii() and '"' not in fallback
+    assert email.utils.collapse_rfc2231_value(extended) == stored

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import METRICS_TOKEN
 from tests.helpers import chat_rows, upload_ok
 
 MODEL = "tunehouse/tiny-llama"
@@ -92,7 +93,7 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
                     },
                 }
             },
-            "method.grpo.grader.string_check.operation",
+            "method.grpo.grader.operation",
         ),
         (
             {"method": {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}},
@@ -185,18 +186,30 @@ def test_rl_methods_validate_graders(client: httpx.Client, train_file: str) -> N
             client, model=MODEL, training_file=prompts, method={"type": "grpo", "grpo": {"grader": multi}}
         )
     )
-    assert "calculate_output names 'b'" in error["message"]
+    assert "calculate_output uses 'b', which is not a grader name" in error["message"]
 
+    # RL jobs take a validation file of prompts (graded at eval_steps: valid_reward), not of chats
+    job = _create(
+        client,
+        model=MODEL,
+        training_file=prompts,
+        validation_file=prompts,
+        method={"type": "grpo", "grpo": {"grader": CHECK, "hyperparameters": {"eval_sampling": "sample"}}},
+    )
+    assert job.status_code == 200, job.text
+    assert job.json()["validation_file"] == prompts
+    assert job.json()["method"]["grpo"]["hyperparameters"]["eval_sampling"] == "sample"
+    chats = upload_ok(client, chat_rows(4))
     error = _error(
         _create(
             client,
             model=MODEL,
             training_file=prompts,
-            validation_file=prompts,
+            validation_file=chats,
             method={"type": "grpo", "grpo": {"grader": CHECK}},
         )
     )
-    assert error["param"] == "validation_file"
+    assert error["param"] == "validation_file" and error["code"] == "invalid_file_format"
 
 
 def test_list_pagination_and_metadata_filter(client: httpx.Client, train_file: str) -> None:
@@ -223,12 +236,67 @@ def test_cancel_queued_job_then_conflict(client: httpx.Client, train_file: str) 
     assert again["code"] == "job_not_cancellable"
 
 
-def test_pause_and_resume_say_not_implemented(client: httpx.Client, train_file: str) -> None:
+def test_pause_resume_cancel_state_machine_on_a_queued_job(client: httpx.Client, train_file: str) -> None:
+    """No worker listens to this server's broker, so the job stays queued: pausing it is immediate.
+    (Pausing a running job, which checkpoints first, is tested in tests/e2e/test_job_recovery.py.)"""
     job_id = _create(client, model=MODEL, training_file=train_file).json()["id"]
-    for action in ("pause", "resume"):
-        error = _error(client.post(f"/v1/fine_tuning/jobs/{job_id}/{action}"))
-        assert error["code"] == "not_implemented"
+    url = f"/v1/fine_tuning/jobs/{job_id}"
+    not_paused = _error(client.post(f"{url}/resume"), 409)
+    assert not_paused["code"] == "job_not_resumable" and not_paused["param"] == "fine_tuning_job_id"
+    assert not_paused["message"].startswith(f"job {job_id} is queued; only a paused job can be resumed")
+
+    paused = client.post(f"{url}/pause")
+    assert paused.status_code == 200 and paused.json()["status"] == "paused"
+    assert paused.json()["object"] == "fine_tuning.job" and paused.json()["finished_at"] is None
+    twice = _error(client.post(f"{url}/pause"), 409)
+    assert twice["code"] == "job_not_pausable"
+    assert (
+        f"is paused; only a queued or running job can be paused; resume it with POST {url}/resume"
+        in (twice["message"])
+    )
+    resumed = client.post(f"{url}/resume")
+    assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
+
+    assert client.post(f"{url}/pause").json()["status"] == "paused"
+    cancelled = client.post(f"{url}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    for action, code in (("pause", "job_not_pausable"), ("resume", "job_not_resumable")):
+        error = _error(client.post(f"{url}/{action}"), 409)
+        assert error["code"] == code and f"job {job_id} has already cancelled" in error["message"]
+
+    events = [e for e in client.get(f"{url}/events", params={"limit": 100}).json()["data"]][::-1]
+    kinds = [e["data"]["kind"] for e in events if e["data"] and "kind" in e["data"]]
+    assert kinds == ["job.queued", "job.paused", "job.resumed", "job.paused", "job.cancelled"]
     assert client.post("/v1/fine_tuning/jobs/ftjob-nope/pause").status_code == 404
+    assert client.post("/v1/fine_tuning/jobs/ftjob-nope/resume").status_code == 404
+
+
+def test_queue_position_follows_the_fair_order(client: httpx.Client, train_file: str, api_url: str) -> None:
+    """Tenants take turns (service/jobs/fairness.py): another tenant's first job goes ahead of this
+    tenant's second, though it was queued after it. Other tests' jobs wait in the same queue, so the
+    positions are compared, not fixed."""
+    from tests.conftest import new_key
+
+    mine = [_create(client, model=MODEL, training_file=train_file).json() for _ in range(2)]
+    with httpx.Client(
+        base_url=api_url, headers={"Authorization": f"Bearer {new_key()}"}, timeout=60
+    ) as other:
+        theirs = _create(other, model=MODEL, training_file=upload_ok(other, chat_rows(40))).json()
+
+        def position(job_id: str) -> int | None:
+            return client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["queue_position"]
+
+        first, second = position(mine[0]["id"]), position(mine[1]["id"])
+        assert first is not None and second is not None and theirs["queue_position"] is not None
+        assert first < theirs["queue_position"] < second
+        listed = {j["id"]: j["queue_position"] for j in client.get("/v1/fine_tuning/jobs").json()["data"]}
+        assert listed[mine[0]["id"]] == first and listed[mine[1]["id"]] == second
+        cancelled = client.post(f"/v1/fine_tuning/jobs/{mine[0]['id']}/cancel").json()
+        assert cancelled["queue_position"] is None
+        # my second job is now my tenant's first turn, and it was queued before theirs
+        now_second = position(mine[1]["id"])
+        assert now_second is not None
+        assert now_second < other.get(f"/v1/fine_tuning/jobs/{theirs['id']}").json()["queue_position"]
 
 
 def test_unknown_job_is_404(client: httpx.Client) -> None:
@@ -265,9 +333,50 @@ def test_models_list(client: httpx.Client) -> None:
     assert _error(client.get("/v1/models/nope"), 404)["param"] == "model"
 
 
-def test_health_and_prometheus(api_url: str) -> None:
+def test_health_and_prometheus(api_url: str, api_key: str) -> None:
     assert httpx.get(f"{api_url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{api_url}/readyz").status_code == 200
-    metrics = httpx.get(f"{api_url}/metrics").text
+    operator = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+    metrics = httpx.get(f"{api_url}/metrics", headers=operator).text
     assert 'tunehouse_jobs{status="queued"}' in metrics
+    # every tenant's counts: not for anonymous callers, nor for a tenant's API key
+    for headers in ({}, {"Authorization": f"Bearer {api_key}"}, {"Authorization": "Bearer wrong"}):
+        denied = httpx.get(f"{api_url}/metrics", headers=headers)
+        assert denied.status_code == 401 and "tunehouse_jobs" not in denied.text
     assert httpx.get(f"{api_url}/healthz").headers["x-request-id"].startswith("req_")
+
+
+WANDB = {"type": "wandb", "wandb": {"project": "tunehouse-tests", "tags": ["ci"]}}
+
+
+def test_integrations_in_openai_shape_are_stored_and_returned(client: httpx.Client, train_file: str) -> None:
+    integrations = [WANDB, {"type": "tensorboard"}]
+    response = _create(client, model=MODEL, training_file=train_file, integrations=integrations)
+    assert response.status_code == 200, response.text
+    assert response.json()["integrations"] == integrations
+    assert client.get(f"/v1/fine_tuning/jobs/{response.json()['id']}").json()["integrations"] == integrations
+    plain = _create(client, model=MODEL, training_file=train_file)
+    assert plain.json()["integrations"] == []
+
+
+@pytest.mark.parametrize(
+    ("integrations", "param"),
+    [
+        ([{"type": "slack"}], "integrations[0].type"),
+        ([{"type": "wandb"}], "integrations[0]"),
+        ([{"type": "wandb", "wandb": {}}], "integrations[0].wandb.project"),
+        ([{"type": "wandb", "wandb": {"project": ""}}], "integrations[0].wandb.project"),
+        ([{"type": "wandb", "wandb": {"project": "p", "tags": ["x" * 65]}}], "integrations[0].wandb.tags[0]"),
+        ([{"type": "wandb", "wandb": {"project": "p", "team": "t"}}], "integrations[0].wandb.team"),
+        ([{"type": "tensorboard", "wandb": {"project": "p"}}], "integrations[0]"),
+        ([WANDB, WANDB], "integrations[1].type"),
+        ({"type": "wandb"}, "integrations"),
+    ],
+)
+def test_bad_integrations_are_a_400_naming_the_field(
+    client: httpx.Client, train_file: str, integrations: Any, param: str
+) -> None:
+    before = client.get("/v1/fine_tuning/jobs").json()["data"]
+    error = _error(_create(client, model=MODEL, training_file=train_file, integrations=integrations))
+    assert error["param"] == param, error
+    assert client.get("/v1/fine_tuning/jobs").json()["data"] == before  # nothing stored

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from alembic import command
 from sqlalchemy import create_engine, text
 
 from service import queue
-from service.db import get_sessionmaker, session_scope
+from service.db import get_sessionmaker
 from service.migrate import alembic_config, upgrade_head
 from service.models import Tenant
 from tests.conftest import PG_SERVER
@@ -42,27 +42,28 @@ def test_upgrade_head_on_sqlite_matches_models(tmp_path: Path) -> None:
     command.check(alembic_config(url))
 
 
-def test_task_is_sent_after_commit_and_dropped_on_rollback(monkeypatch: pytest.MonkeyPatch) -> None:
-    sent: list[tuple[str, list[Any], bool]] = []
+def test_task_is_sent_after_commit_and_dropped_on_rollback(
+    idle_broker: Callable[[], list[tuple[str, list[Any]]]],
+) -> None:
+    tag = os.urandom(4).hex()  # other tests' jobs also wait on the idle broker
 
-    def record(name: str, args: list[Any]) -> None:
-        # at send time the row must already be visible to another connection
-        with get_sessionmaker()() as other:
-            sent.append((name, args, other.get(Tenant, args[0]) is not None))
-
-    monkeypatch.setattr(queue, "send_task", record)
+    def mine() -> list[tuple[str, list[Any]]]:
+        return [(name, args) for name, args in idle_broker() if str(args[0]).endswith(tag)]
 
     session = get_sessionmaker()()
-    session.add(Tenant(id="tenant-rollback", name="rollback-test"))
-    queue.enqueue_after_commit(session, "t", ["tenant-rollback"])
+    session.add(Tenant(id=f"tenant-rollback-{tag}", name=f"rollback-{tag}"))
+    queue.enqueue_after_commit(session, "t", [f"tenant-rollback-{tag}"])
     session.flush()
-    assert sent == []
+    assert mine() == []  # flushed, not committed: nothing on the broker
     session.rollback()
+    assert mine() == []
+    # the same session carries on: its next commit sends what was enqueued since, not the rolled-back task
+    session.add(Tenant(id=f"tenant-commit-{tag}", name=f"commit-{tag}"))
+    queue.enqueue_after_commit(session, "t", [f"tenant-commit-{tag}"])
+    session.flush()
+    assert mine() == []
+    session.commit()
     session.close()
-    assert sent == []
-
-    with session_scope() as s:
-        s.add(Tenant(id="tenant-commit", name="commit-test"))
-        queue.enqueue_after_commit(s, "t", ["tenant-commit"])
-        assert sent == []
-    assert sent == [("t", ["tenant-commit"], True)]
+    assert mine() == [("t", [f"tenant-commit-{tag}"])]  # on the real broker once committed
+    with get_sessionmaker()() as other:  # and the row it names is visible to any other connection
+        assert other.get(Tenant, f"tenant-commit-{tag}") is not None

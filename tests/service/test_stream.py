@@ -1,13 +1,24 @@
-"""The SSE stream of a job: history replayed, resumable with Last-Event-ID, ends when the job ends."""
+"""The SSE stream of a job: history replayed, resumable with Last-Event-ID, ends when the job ends; metric
+rows reach a connected client through Redis before the DB has them."""
 
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
 
 import httpx
+import redis
+from sqlalchemy import select, update
 
+from service.config import get_settings
+from service.db import session_scope
+from service.models import Job, JobMetric
+from service.storage import LocalBlobStore
 from tests.conftest import Stack
 from tests.helpers import chat_rows, upload_ok, wait_for
+from worker.reporter import JobReporter
 
 
 def _read_sse(response: httpx.Response) -> list[tuple[str, str, dict[str, object]]]:
@@ -69,3 +80,98 @@ def test_stream_replays_resumes_and_ends(stack: Stack, stack_client: httpx.Clien
 
 def test_stream_of_unknown_job_is_404(stack_client: httpx.Client) -> None:
     assert stack_client.get("/v1/fine_tuning/jobs/ftjob-missing/stream").status_code == 404
+
+
+def test_stream_without_a_reachable_redis_reads_the_db(api_key: str) -> None:
+    """Redis configured but down: the stream still replays the job from the DB and ends (it used to
+    answer 200 with no events). The job is cancelled, so no worker is needed."""
+    from tests.conftest import IDLE, _stop, free_port, start_server
+
+    dead_redis = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    url, server = start_server({**IDLE, "TUNEHOUSE_REDIS_URL": dead_redis})
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as c:
+            train = upload_ok(c, chat_rows(4))
+            job_id = c.post(
+                "/v1/fine_tuning/jobs",
+                json={"model": "tunehouse/tiny-llama", "training_file": train},
+            ).json()["id"]
+            assert c.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").status_code == 200
+            with c.stream("GET", f"/v1/fine_tuning/jobs/{job_id}/stream", timeout=30) as response:
+                assert response.status_code == 200
+                items = _read_sse(response)
+            recorded = c.get(f"/v1/fine_tuning/jobs/{job_id}/events").json()["data"]
+    finally:
+        _stop(server)
+    assert items[-1][0] == "end" and items[-1][2]["status"] == "cancelled"
+    assert sorted(d["id"] for e, _, d in items if e == "event") == sorted(e["id"] for e in recorded)
+
+
+def _sse_frames(response: httpx.Response, out: queue.Queue[tuple[str, dict[str, object]]]) -> None:
+    event, data = "message", ""
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif line == "" and data:
+            out.put((event, json.loads(data)))
+            event, data = "message", ""
+
+
+def _next_frame(frames: queue.Queue[tuple[str, dict[str, object]]], kind: str) -> dict[str, object]:
+    deadline = time.monotonic() + 30  # generous: the machine is shared
+    while (left := deadline - time.monotonic()) > 0:
+        event, data = frames.get(timeout=left)
+        if event == kind:
+            return data
+    raise TimeoutError(kind)
+
+
+def test_metrics_arrive_live_through_redis_before_the_db_has_them(api_url: str, api_key: str) -> None:
+    """The worker's real reporter, run here with its DB flush an hour away, logs step 1: a client
+    streaming from the real server gets the row while the DB still has no row for that step, so only
+    the Redis live path can have carried it. After the flush the step is not sent again."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    with httpx.Client(base_url=api_url, headers=headers, timeout=60) as client:
+        job_id = client.post(
+            "/v1/fine_tuning/jobs",
+            json={"model": "tunehouse/tiny-llama", "training_file": upload_ok(client, chat_rows(4))},
+        ).json()["id"]  # this server's broker has no worker: nothing else reports for the job
+        settings = get_settings().model_copy(update={"metrics_flush_seconds": 3600.0})
+        with session_scope() as session:
+            tenant_id = session.scalar(select(Job.tenant_id).where(Job.id == job_id))
+        assert settings.redis_url and tenant_id
+        reporter = JobReporter(
+            job_id=job_id,
+            tenant_id=tenant_id,
+            worker_id="test-worker",
+            fine_tuned_model="ft:tiny",
+            settings=settings,
+            blobs=LocalBlobStore(settings.data_dir / "blobs"),
+            publisher=redis.Redis.from_url(settings.redis_url),
+        )
+        frames: queue.Queue[tuple[str, dict[str, object]]] = queue.Queue()
+        with client.stream("GET", f"/v1/fine_tuning/jobs/{job_id}/stream", timeout=120) as response:
+            reader = threading.Thread(target=_sse_frames, args=(response, frames), daemon=True)
+            reader.start()
+            _next_frame(frames, "event")  # the creation events: the stream has subscribed by now
+            reporter.on_step({"step": 1.0, "epoch": 0.25, "loss": 2.5, "total_steps": 4.0})
+            live = _next_frame(frames, "metrics")
+            with session_scope() as session:
+                assert session.get(JobMetric, (job_id, 1)) is None  # the DB could not have sent it
+            assert live["step"] == 1 and live["loss"] == 2.5 and live["total_steps"] == 4.0
+            reporter.flush()
+            with session_scope() as session:
+                assert session.get(JobMetric, (job_id, 1)) is not None
+                session.execute(update(Job).where(Job.id == job_id).values(status="succeeded"))
+            rest = []
+            while (item := _next_frame_any(frames))[0] != "end":
+                rest.append(item)
+            reader.join(timeout=30)  # the server closes the stream after `end`: the reader is done
+            assert not reader.is_alive()
+        assert not [d for e, d in rest if e == "metrics"]  # step 1 was sent once
+
+
+def _next_frame_any(frames: queue.Queue[tuple[str, dict[str, object]]]) -> tuple[str, dict[str, object]]:
+    return frames.get(timeout=30)

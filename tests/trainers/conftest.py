@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
@@ -41,3 +42,19 @@ def make_config(tiny_model_path: Path, tmp_path: Path) -> Callable[..., SFTConfi
         return SFTConfig(**(fields | overrides))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def eos_model_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its EOS logit raised, so that short samples mix stopped and truncated
+    completions of different lengths: what masking, EOS handling and loss normalisation need to show."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("eos-llama")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    with torch.no_grad():
+        model.lm_head.weight[tokenizer.eos_token_id] += 1.2
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

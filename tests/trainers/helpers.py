@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 from trainers.loop import CheckpointInfo, NullCallbacks, StopRequest
+from trainers.registry import METHODS, resolve
 
 
 class Recorder(NullCallbacks):
@@ -55,3 +58,23 @@ RESUME_RUN: dict[str, Any] = {
     "weight_decay": 0.01,
     "seed": 7,
 }
+
+
+# One optimizer step of 2 examples with 4-token completions, for any method: the keys a config lacks are
+# left out (see small_config).
+SMALL_RUN: dict[str, Any] = {
+    "max_steps": 1,
+    "batch_size": 2,
+    "max_completion_length": 4,
+    "num_generations": 2,
+    "num_ppo_epochs": 1,
+    "num_mini_batches": 1,
+}
+
+
+def small_config(method: str, model_path: Path, output_dir: Path, **overrides: Any) -> Any:
+    """The ``trainers.registry`` method's config for a tiny, fast run (``SMALL_RUN`` + ``overrides``)."""
+    config_cls = resolve(METHODS[method].config)
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    fields = {k: v for k, v in (SMALL_RUN | overrides).items() if k in names}
+    return config_cls(model_path=str(model_path), output_dir=str(output_dir), **fields)

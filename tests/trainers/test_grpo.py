@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -15,11 +16,19 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.utils import nanstd as trl_nanstd
 
+import trainers.grpo
 from tests.trainers.helpers import Recorder
-from trainers.grpo import GRPOConfig, group_advantages, grpo_loss, train_grpo
-from trainers.loop import StopRequest
+from trainers.grpo import GRPOBatch, GRPOConfig, GRPORollouts, group_advantages, grpo_loss, train_grpo
+from trainers.loop import PreparedStep, StopRequest
 from trainers.rewards import build_grader
-from trainers.rollout import completion_logps, generate_rollout, tokenize_rl_rows
+from trainers.rl import RewardSet
+from trainers.rollout import (
+    RLPrompt,
+    completion_logps,
+    completion_mask_from_eos,
+    generate_rollout,
+    tokenize_rl_rows,
+)
 
 PROMPTS = ["The capital of Peru is", "Hello", "What is two plus two?", "Name a color:"]
 ROWS = [{"prompt": p, "answer": "e"} for p in PROMPTS] * 4
@@ -33,6 +42,7 @@ HAS_E = build_grader(
         "reference": "{{item.answer}}",
     }
 )
+HAS_E_SET = RewardSet.of([HAS_E])
 RL_KEYS = {
     "reward",
     "reward_std",
@@ -176,6 +186,126 @@ def test_grpo_loss_equals_trl(loss_type: str, beta: float, epsilon_high: float) 
         assert metrics["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
 
 
+# -- the loss of the batch the loop really builds, against TRL ----------------------------------------------
+class StepSpy(GRPORollouts):
+    """The real preparer, keeping each step's batches and a copy of the model they were trained on."""
+
+    steps: ClassVar[list[tuple[PreparedStep[GRPOBatch], torch.nn.Module]]] = []
+
+    def prepare(
+        self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]], repeat: int
+    ) -> PreparedStep[GRPOBatch]:
+        step = super().prepare(model, examples, repeat)
+        StepSpy.steps.append((step, copy.deepcopy(model)))
+        return step
+
+
+def _pad_cat(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    return torch.cat([torch.nn.functional.pad(r, (0, width - r.size(1))) for r in rows])
+
+
+# Every loss type and every reward scaling, each loss type once on a fresh rollout (π_old = π) and once
+# over two steps on one rollout: then π_old is the first step's policy, so ratios leave 1 and clip, the
+# KL to the base counts, and truncated completions are masked out of the loss. (The scaling and the
+# loss type act on different tensors, so their pairs need not all be run.)
+TWO_STEPS: dict[str, Any] = {
+    "num_iterations": 2,
+    "beta": 0.04,
+    "epsilon_high": 0.28,
+    "mask_truncated_completions": True,
+}
+CASES: list[tuple[str, str, dict[str, Any]]] = [
+    ("grpo", "group", {}),
+    ("grpo", "none", TWO_STEPS),
+    ("dr_grpo", "batch", {}),
+    ("dr_grpo", "group", TWO_STEPS),
+    ("dapo", "none", {}),
+    ("dapo", "batch", TWO_STEPS),
+]
+
+
+@pytest.mark.parametrize(("loss_type", "scale", "extra"), CASES)
+def test_training_steps_equal_trl_on_the_loops_batches(
+    grpo_config: Callable[..., GRPOConfig],
+    eos_model_path: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    monkeypatch: pytest.MonkeyPatch,
+    loss_type: str,
+    scale: str,
+    extra: dict[str, Any],
+) -> None:
+    """A real run's step rows (loss, grad norm, clip ratio, kl, reward) equal TRL's `_compute_loss` on
+    the same step's completions as one batch, with hand-set rewards and TRL's advantage code: the loop's
+    accumulation over micro-batches and each loss type's denominator are what is checked here."""
+    given: list[float] = []
+
+    def reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        given[:] = [float((3 * i) % 5) for i in range(len(completions))]
+        return given
+
+    monkeypatch.setattr(StepSpy, "steps", [])
+    monkeypatch.setattr(trainers.grpo, "GRPORollouts", StepSpy)
+    steps = extra.get("num_iterations", 1)
+    config = grpo_config(
+        model_path=str(eos_model_path),
+        use_lora=False,
+        batch_size=2,
+        gradient_accumulation_steps=2,  # two micro-batches of 2 prompts x 4 completions
+        max_completion_length=6,
+        learning_rate=1e-4,  # step 2 moves off π_old by a few clip ranges, not by orders of magnitude
+        max_steps=steps,
+        loss_type=loss_type,
+        scale_rewards=scale,
+        **extra,
+    )
+    rec = Recorder()
+    train_grpo(config, ROWS, callbacks=rec, rewards=RewardSet.of([reward]))
+    assert len(StepSpy.steps) == len(rec.steps) == steps
+    base = AutoModelForCausalLM.from_pretrained(eos_model_path)
+    first_policy = StepSpy.steps[0][1]
+    eos = tokenizer.eos_token_id
+    for (prepared, policy), row in zip(StepSpy.steps, rec.steps, strict=True):
+        batches = prepared.batches
+        assert len(batches) == 2
+        width = max(b.completion_ids.size(1) for b in batches)
+        logps, old, ref, masks, truncated = [], [], [], [], []
+        for b in batches:
+            mask, cut = completion_mask_from_eos(b.completion_ids, eos)
+            args = (b.prompt_ids, b.prompt_mask, b.completion_ids, mask)
+            logps.append(completion_logps(policy, *args)[0])
+            with torch.no_grad():
+                old.append(completion_logps(first_policy, *args)[0] if steps > 1 else logps[-1].detach())
+                ref.append(completion_logps(base, *args)[0])
+            masks.append(mask * (~cut).long().unsqueeze(1) if config.mask_truncated_completions else mask)
+            truncated.append(cut)
+        lengths = torch.cat([m.sum(dim=1) for m in masks])
+        assert len(set(lengths.tolist())) > 2 and torch.cat(truncated).any()  # normalisations differ
+        theirs, trl_metrics = trl_loss(
+            _pad_cat(logps, width),
+            _pad_cat(old, width),
+            _pad_cat(ref, width),
+            trl_advantages(torch.tensor(given), config.num_generations, scale),
+            _pad_cat(masks, width),
+            loss_type=loss_type,
+            beta=config.beta,
+            epsilon=config.epsilon,
+            epsilon_high=config.epsilon_high or config.epsilon,
+            max_len=config.max_completion_length,
+        )
+        assert row["loss"] == pytest.approx(theirs.item(), rel=1e-5, abs=1e-6)
+        theirs.backward()  # type: ignore[no-untyped-call]
+        grads = [p.grad for p in policy.parameters() if p.grad is not None]
+        assert row["grad_norm"] == pytest.approx(
+            float(torch.cat([g.flatten() for g in grads]).norm()), rel=1e-4
+        )
+        assert row["clip_ratio"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
+        assert row["reward"] == pytest.approx(sum(given) / len(given))
+        if config.beta:
+            assert row["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+    if steps > 1:
+        assert rec.steps[-1]["clip_ratio"] > 0 and rec.steps[-1]["kl"] > 0
+
+
 # -- rollouts -----------------------------------------------------------------------------------------------
 def test_rollout_masks_truncation_seeding_and_columns(
     tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
@@ -228,7 +358,7 @@ def test_rollout_masks_truncation_seeding_and_columns(
 def test_grpo_reward_rises(grpo_config: Callable[..., GRPOConfig]) -> None:
     rec = Recorder()
     config = grpo_config(use_lora=False, learning_rate=1e-2, max_steps=16, n_epochs=4)
-    result = train_grpo(config, ROWS, [HAS_E], rec)
+    result = train_grpo(config, ROWS, callbacks=rec, rewards=HAS_E_SET)
     rewards = [r["reward"] for r in rec.steps]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.25, rewards
     assert rewards[-1] >= 0.9
@@ -270,7 +400,7 @@ def test_kl_reference_holds_one_base_copy_with_lora(
 ) -> None:
     rec = CopyCounter(len(tokenizer))
     config = grpo_config(use_lora=use_lora, beta=0.1, learning_rate=1e-2, max_steps=3)
-    train_grpo(config, ROWS, [HAS_E], rec)
+    train_grpo(config, ROWS, callbacks=rec, rewards=HAS_E_SET)
     # The tiny Llama's embedding and LM head are untied: two [vocab, hidden] tensors per copy. LoRA: the
     # base alone. Full training: the policy, AdamW's two moments of each, and the frozen reference.
     assert rec.copies == copies
@@ -295,11 +425,16 @@ RESUME: dict[str, Any] = {
 
 def test_resume_repeats_the_uninterrupted_run(grpo_config: Callable[..., GRPOConfig], tmp_path: Path) -> None:
     full = Recorder()
-    train_grpo(grpo_config(**RESUME, output_dir=str(tmp_path / "a")), ROWS, [HAS_E], full)
+    train_grpo(
+        grpo_config(**RESUME, output_dir=str(tmp_path / "a")),
+        ROWS,
+        callbacks=full,
+        rewards=HAS_E_SET,
+    )
     assert [(c.step, c.final) for c in full.checkpoints] == [(3, False), (6, True)]
     resumed = Recorder()
     config = grpo_config(**RESUME, output_dir=str(tmp_path / "b"), resume_from=str(full.checkpoints[0].path))
-    train_grpo(config, ROWS, [HAS_E], resumed)
+    train_grpo(config, ROWS, callbacks=resumed, rewards=HAS_E_SET)
     assert [int(r["step"]) for r in resumed.steps] == [4, 5, 6]
     for ours, theirs in zip(resumed.steps, full.steps[3:], strict=True):
         for key in ("loss", "reward", "kl", "clip_ratio", "grad_norm", "learning_rate", "epoch"):
@@ -309,6 +444,6 @@ def test_resume_repeats_the_uninterrupted_run(grpo_config: Callable[..., GRPOCon
 
 def test_cancel_stops_without_a_checkpoint(grpo_config: Callable[..., GRPOConfig]) -> None:
     rec = Recorder(stop_after={2: StopRequest.CANCEL})
-    result = train_grpo(grpo_config(max_steps=10, save_steps=5), ROWS, [HAS_E], rec)
+    result = train_grpo(grpo_config(max_steps=10, save_steps=5), ROWS, callbacks=rec, rewards=HAS_E_SET)
     assert result.stopped is StopRequest.CANCEL and result.steps == 2
     assert result.final_checkpoint is None and rec.checkpoints == []

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from trainers.collate import SFTBatch, pad_batch
 from trainers.data import tokenize_sft_rows
-from trainers.losses import IGNORE_INDEX
+from trainers.losses import IGNORE_INDEX, target_positions
 from trainers.sft import sft_loss
 
 
@@ -98,6 +98,7 @@ def test_sft_loss_equals_trl(
         position_ids=None,
         n_targets=int((trl_batch["labels"][:, 1:] != IGNORE_INDEX).sum()),
         n_inputs=int(trl_batch["attention_mask"].sum()),
+        logit_positions=target_positions(trl_batch["labels"]),
     )
     with torch.no_grad():
         our_loss = sft_loss(load(tiny_model_path), batch).loss.item() / batch.n_targets

@@ -11,24 +11,41 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder
-from trainers.collate import pack_batch, pad_batch
-from trainers.data import TokenizedExample, tokenize_sft_rows
-from trainers.losses import token_cross_entropy
+from trainers.collate import SFTBatch, best_fit_decreasing, pack_batch, pad_batch
+from trainers.data import tokenize_sft_rows
+from trainers.losses import target_positions, token_cross_entropy
 from trainers.sft import SFTConfig, sft_loss, train_sft
 
 
 def per_example_packed_losses(
-    model: torch.nn.Module, examples: list[TokenizedExample], position_ids: torch.Tensor
-) -> list[float]:
-    batch = pack_batch(examples, pad_token_id=0)
+    model: torch.nn.Module,
+    batch: SFTBatch,
+    bins: list[list[int]],
+    lengths: list[int],
+    position_ids: torch.Tensor,
+) -> dict[int, float]:
+    """Each example's summed loss, read from the packed rows' logits where ``bins`` placed it."""
     # As in `sft_loss`: with a KV cache, transformers would skip the packed-sequence mask.
     logits = model(input_ids=batch.input_ids, position_ids=position_ids, use_cache=False).logits
-    losses, start = [], 0
-    for example in examples:
-        end = start + len(example.input_ids)
-        losses.append(token_cross_entropy(logits[:, start:end], batch.labels[:, start:end]).loss_sum.item())
-        start = end
+    losses = {}
+    for row, members in enumerate(bins):
+        start = 0
+        for index in members:
+            end = start + lengths[index]
+            sums = token_cross_entropy(
+                logits[row : row + 1, start:end], batch.labels[row : row + 1, start:end]
+            )
+            losses[index] = sums.loss_sum.item()
+            start = end
     return losses
+
+
+def test_best_fit_decreasing_fills_the_fullest_row_that_fits() -> None:
+    # longest first: 6 opens row 0 (2 free), 5 opens row 1 (3 free), 4 opens row 2 (4 free); 3 goes to the
+    # fullest row it fits (row 1, not row 2), 2 to row 0 (2 free, the fullest), 1 to row 2 (4 free).
+    assert best_fit_decreasing([3, 6, 1, 5, 2, 4], capacity=8) == [[1, 4], [3, 0], [5, 2]]
+    # an example longer than a row gets a row of its own; equal lengths keep their order
+    assert best_fit_decreasing([9, 2, 2], capacity=4) == [[0], [1, 2]]
 
 
 @torch.no_grad()
@@ -37,6 +54,7 @@ def test_packed_equals_padded(
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
     examples = tokenize_sft_rows(demo_rows[:6], tokenizer, max_length=1024)
+    lengths = [len(e.input_ids) for e in examples]
     alone = [
         token_cross_entropy(
             model(input_ids=pad_batch([e], pad_token_id=0).input_ids).logits,
@@ -44,22 +62,64 @@ def test_packed_equals_padded(
         ).loss_sum.item()
         for e in examples
     ]
-    packed_batch = pack_batch(examples, pad_token_id=0)
-    packed = per_example_packed_losses(model, examples, packed_batch.position_ids)
-    assert packed == pytest.approx(alone, abs=1e-5)
+    # rows of about a third of the total: several rows, several examples per row, padded tails
+    max_length = max(*lengths, sum(lengths) // 3)
+    bins = best_fit_decreasing(lengths, max_length)
+    assert 1 < len(bins) < len(examples)
+    packed_batch = pack_batch(examples, pad_token_id=tokenizer.pad_token_id, max_length=max_length)
+    assert packed_batch.input_ids.shape == (len(bins), max(sum(lengths[i] for i in b) for b in bins))
+    assert packed_batch.position_ids is not None
+    packed = per_example_packed_losses(model, packed_batch, bins, lengths, packed_batch.position_ids)
+    assert [packed[i] for i in range(len(examples))] == pytest.approx(alone, abs=1e-5)
 
     padded_batch = pad_batch(examples, pad_token_id=tokenizer.pad_token_id)
     assert packed_batch.n_targets == padded_batch.n_targets
-    assert packed_batch.n_inputs == padded_batch.n_inputs
+    assert packed_batch.n_inputs == padded_batch.n_inputs == sum(lengths)
     packed_loss = sft_loss(model, packed_batch).loss.item() / packed_batch.n_targets
     padded_loss = sft_loss(model, padded_batch).loss.item() / padded_batch.n_targets
     assert packed_loss == pytest.approx(padded_loss, abs=1e-5)
 
-    # Control: with positions running on across examples, they attend to each other and the losses move.
-    running = torch.arange(packed_batch.input_ids.shape[1]).unsqueeze(0)
-    leaky = per_example_packed_losses(model, examples, running)
-    assert leaky[0] == pytest.approx(alone[0], abs=1e-5)
-    assert max(abs(a - b) for a, b in zip(leaky[1:], alone[1:], strict=True)) > 1e-3
+    # Control: with positions running on along each row, examples attend to each other and the losses move.
+    running = torch.arange(packed_batch.input_ids.shape[1]).expand_as(packed_batch.input_ids)
+    leaky = per_example_packed_losses(model, packed_batch, bins, lengths, running)
+    firsts = {b[0] for b in bins}
+    assert all(leaky[i] == pytest.approx(alone[i], abs=1e-5) for i in firsts)
+    assert max(abs(leaky[i] - alone[i]) for i in range(len(examples)) if i not in firsts) > 1e-3
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_loss_at_target_positions_equals_the_full_logits_loss(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]], packing: bool
+) -> None:
+    """``sft_loss`` runs the LM head at target positions only: same loss, gradient and accuracy as the
+    cross-entropy of the full [B, T, V] logits."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    examples = tokenize_sft_rows(demo_rows[:6], tokenizer, max_length=1024)
+    pad_id = tokenizer.pad_token_id
+    batch = (
+        pack_batch(examples, pad_token_id=pad_id, max_length=300)
+        if packing
+        else pad_batch(examples, pad_token_id=pad_id)
+    )
+    keep = target_positions(batch.labels)
+    assert 0 < len(keep) < batch.input_ids.shape[1] - 1  # the prompts' logits are really skipped
+
+    full_logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    ).logits
+    full = token_cross_entropy(full_logits, batch.labels)
+    full.loss_sum.backward()
+    full_grad = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+
+    sliced = sft_loss(model, batch)
+    sliced.loss.backward()
+    assert sliced.loss.item() == pytest.approx(full.loss_sum.item(), rel=1e-6)
+    assert float(sliced.metrics["mean_token_accuracy"]) == float(full.n_correct)
+    assert torch.allclose(model.lm_head.weight.grad, full_grad, atol=1e-6)
 
 
 def test_packed_training_matches_padded_training(
@@ -67,11 +127,11 @@ def test_packed_training_matches_padded_training(
 ) -> None:
     base = str(Path(make_config().output_dir).parent)
     padded, packed = Recorder(), Recorder()
-    config = make_config(use_lora=False, learning_rate=1e-3, max_steps=4, output_dir=f"{base}/padded")
+    # max_length 160: several rows per packed micro-batch (and the longest demo rows truncated, alike)
+    run = {"use_lora": False, "learning_rate": 1e-3, "max_steps": 4, "max_length": 160}
+    config = make_config(**run, output_dir=f"{base}/padded")
     train_sft(config, demo_rows, demo_rows[:8], padded)
-    config = make_config(
-        use_lora=False, learning_rate=1e-3, max_steps=4, packing=True, output_dir=f"{base}/packed"
-    )
+    config = make_config(**run, packing=True, output_dir=f"{base}/packed")
     train_sft(config, demo_rows, demo_rows[:8], packed)
     assert packed.losses == pytest.approx(padded.losses, abs=1e-5)
     assert packed.evals[-1]["valid_loss"] == pytest.approx(padded.evals[-1]["valid_loss"], abs=1e-5)

@@ -6,17 +6,35 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
 
+import trainers.ppo
 from tests.trainers.helpers import Recorder
-from tests.trainers.test_grpo import HAS_E, ROWS, CopyCounter
+from tests.trainers.test_grpo import HAS_E_SET, ROWS, CopyCounter
 from trainers.loop import StopRequest
-from trainers.ppo import PPOConfig, gae, masked_whiten, ppo_loss, train_ppo
+from trainers.ppo import (
+    PPOBatch,
+    PPOConfig,
+    PPORollouts,
+    gae,
+    masked_whiten,
+    per_token_rewards,
+    ppo_loss,
+    train_ppo,
+)
+from trainers.rewards import ScoreModel
+from trainers.rl import RewardSet
+from trainers.rollout import RLPrompt, completion_logps
 
 PPO_KEYS = {"policy_loss", "value_loss", "approx_kl", "clip_fraction", "entropy", "kl", "score", "returns"}
 
@@ -114,11 +132,104 @@ def test_clipped_policy_and_value_losses_equal_the_paper() -> None:
     assert m["clip_fraction"] == pytest.approx(clipped / n, abs=1e-6) and 0 < clipped < n
 
 
+def test_per_token_rewards_on_a_hand_built_rollout() -> None:
+    # Three completions of 3, 1 and 4 tokens (EOS included), right-padded to 4. The reference's log-probs
+    # at padding are -9 so that a penalty leaking past a completion's end would show.
+    logps = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-3.0, 0.0, 0.0, 0.0], [-0.1, -0.2, -0.3, -0.4]])
+    ref = torch.tensor([[-1.5, -1.0, -0.5, -9.0], [-2.0, -9.0, -9.0, -9.0], [-0.3, -0.1, -0.6, -0.2]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    rewards, kl = per_token_rewards(torch.tensor([2.0, -1.0, 0.5]), logps, ref, mask, kl_coef=0.1)
+    # kl_t = logp - ref; r_t = -0.1 kl_t, plus the score on the last real token.
+    assert torch.allclose(
+        kl, torch.tensor([[0.5, -1.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.2, -0.1, 0.3, -0.2]]), atol=1e-6
+    )
+    expected = torch.tensor(
+        [[-0.05, 0.1, 2.0, 0.0], [0.1 - 1.0, 0.0, 0.0, 0.0], [-0.02, 0.01, -0.03, 0.02 + 0.5]]
+    )
+    assert torch.allclose(rewards, expected, atol=1e-6)
+
+
+class RolloutSpy(PPORollouts):
+    """The real preparer, keeping a copy of each rollout it builds and the scores the graders gave."""
+
+    seen: ClassVar[list[tuple[PPOBatch, dict[str, float]]]] = []
+
+    def _new_rollout(self, model: torch.nn.Module, prompts: list[RLPrompt]) -> None:
+        super()._new_rollout(model, prompts)
+        assert self.rollout is not None
+        copied = {f: t.detach().clone() for f, t in vars(self.rollout).items()}
+        RolloutSpy.seen.append((PPOBatch(**copied), dict(self.metrics)))
+
+
+def test_the_rollouts_advantages_follow_from_score_kl_and_eos(
+    ppo_config: Callable[..., PPOConfig],
+    eos_model_path: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second rollout of a real run (the policy has moved off the reference, the value head is
+    trained), recomputed independently: the KL to a freshly loaded base, hand-set scores minus the
+    missing-EOS penalty paid at the last real token, GAE with the rollout's values, then whitening."""
+    given: list[list[float]] = []
+
+    def score(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        given.append([float(i % 5) - 2.0 for i in range(len(completions))])
+        return given[-1]
+
+    monkeypatch.setattr(RolloutSpy, "seen", [])
+    monkeypatch.setattr(trainers.ppo, "PPORollouts", RolloutSpy)
+    kl_coef, gamma, lam, penalty = 0.5, 0.9, 0.8, 1.5
+    config = ppo_config(
+        model_path=str(eos_model_path),
+        use_lora=False,
+        learning_rate=1e-4,
+        max_steps=5,  # 4 optimizer steps per rollout: step 5 samples the second rollout
+        n_epochs=2,  # 16 rows make one rollout an epoch
+        max_completion_length=6,
+        kl_coef=kl_coef,
+        gamma=gamma,
+        lam=lam,
+        missing_eos_penalty=penalty,
+    )
+    train_ppo(config, ROWS, rewards=RewardSet.of([score]))
+    assert len(RolloutSpy.seen) == 2
+    r, metrics = RolloutSpy.seen[1]
+    base = AutoModelForCausalLM.from_pretrained(eos_model_path)
+    with torch.no_grad():
+        ref = completion_logps(base, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)[0]
+    eos = tokenizer.eos_token_id
+    lengths = r.completion_mask.sum(dim=1).tolist()
+    truncated = [eos not in r.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    assert 0 < sum(truncated) < len(truncated) and len(set(lengths)) > 1  # the run shows both cases
+    scores = [s - penalty * t for s, t in zip(given[1], truncated, strict=True)]
+    assert metrics["score"] == pytest.approx(sum(scores) / len(scores), abs=1e-6)
+    kls, expected_adv, expected_ret = [], torch.zeros_like(r.returns), torch.zeros_like(r.returns)
+    for i, n in enumerate(lengths):
+        kl = [float(r.old_logps[i, t] - ref[i, t]) for t in range(n)]
+        kls.append(sum(kl))
+        reward = [-kl_coef * k for k in kl]
+        reward[n - 1] += scores[i]  # the score is paid once, at the last real token (EOS if any)
+        v = [*r.old_values[i, :n].tolist(), 0.0]  # V = 0 after the last token
+        adv = 0.0
+        for t in reversed(range(n)):
+            adv = reward[t] + gamma * v[t + 1] - v[t] + gamma * lam * adv
+            expected_adv[i, t], expected_ret[i, t] = adv, adv + v[t]
+    assert abs(sum(kls)) > 0.01  # the policy has moved off the reference: the KL term matters
+    assert metrics["kl"] == pytest.approx(sum(kls) / len(kls), abs=1e-4)
+    assert torch.allclose(r.returns, expected_ret, atol=1e-4)
+    kept = expected_adv[r.completion_mask.bool()]
+    whitened = (expected_adv - kept.mean()) / kept.std() * r.completion_mask
+    assert torch.allclose(r.advantages, whitened, atol=1e-3)
+
+
 # -- training -----------------------------------------------------------------------------------------------
 def test_ppo_score_rises(ppo_config: Callable[..., PPOConfig]) -> None:
     rec = Recorder()
     result = train_ppo(
-        ppo_config(use_lora=False, learning_rate=1e-2, max_steps=32, n_epochs=8), ROWS, [HAS_E], rec
+        ppo_config(use_lora=False, learning_rate=1e-2, max_steps=32, n_epochs=8),
+        ROWS,
+        callbacks=rec,
+        rewards=HAS_E_SET,
     )
     scores = [r["score"] for r in rec.steps[::4]]  # one rollout per 4 optimizer steps
     assert sum(scores[-2:]) / 2 > sum(scores[:2]) / 2 + 0.3, scores
@@ -131,7 +242,7 @@ def test_lora_ppo_holds_one_base_copy_and_exports_the_policy_only(
 ) -> None:
     rec = CopyCounter(len(tokenizer))
     config = ppo_config(learning_rate=1e-2, max_steps=5, n_epochs=2, save_steps=2)
-    result = train_ppo(config, ROWS, [HAS_E], rec)  # step 5 samples the second rollout
+    result = train_ppo(config, ROWS, callbacks=rec, rewards=HAS_E_SET)  # step 5 samples the second rollout
     assert rec.copies == 2  # embedding + LM head of the one base; the reference is the adapter disabled
     assert rec.steps[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rec.steps[-1]["kl"] != 0.0
     mid = rec.checkpoints[0].path
@@ -159,10 +270,15 @@ RESUME: dict[str, Any] = {
 
 def test_resume_repeats_the_uninterrupted_run(ppo_config: Callable[..., PPOConfig], tmp_path: Path) -> None:
     full = Recorder()
-    train_ppo(ppo_config(**RESUME, output_dir=str(tmp_path / "a")), ROWS, [HAS_E], full)
+    train_ppo(
+        ppo_config(**RESUME, output_dir=str(tmp_path / "a")),
+        ROWS,
+        callbacks=full,
+        rewards=HAS_E_SET,
+    )
     resumed = Recorder()
     config = ppo_config(**RESUME, output_dir=str(tmp_path / "b"), resume_from=str(full.checkpoints[0].path))
-    train_ppo(config, ROWS, [HAS_E], resumed)
+    train_ppo(config, ROWS, callbacks=resumed, rewards=HAS_E_SET)
     assert [int(r["step"]) for r in resumed.steps] == [4, 5, 6]
     for ours, theirs in zip(resumed.steps, full.steps[3:], strict=True):
         for key in (
@@ -188,7 +304,10 @@ def test_cancel_and_a_reward_model_score(
     AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(tmp_path / "rm")
     rec = Recorder(stop_after={2: StopRequest.CANCEL})
     result = train_ppo(
-        ppo_config(max_steps=8, save_steps=4), ROWS, callbacks=rec, reward_model_path=str(tmp_path / "rm")
+        ppo_config(max_steps=8, save_steps=4),
+        ROWS,
+        callbacks=rec,
+        rewards=RewardSet.of([ScoreModel("reward_model", str(tmp_path / "rm"))]),
     )
     assert result.stopped is StopRequest.CANCEL and result.steps == 2
     assert result.final_checkpoint is None and rec.checkpoints == []

@@ -17,14 +17,18 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 from trl.trainer.reward_trainer import RewardTrainer
 
 from tests.trainers.helpers import Recorder
+from trainers.modeling import load_tokenizer
 from trainers.preference_data import collate_preferences, tokenize_preference_rows
 from trainers.reward_model import (
     RewardModelConfig,
     load_reward_scorer,
     pairwise_loss,
     reward_model_loss,
+    reward_scores,
     train_reward_model,
 )
+from trainers.rewards import build_grader
+from trainers.rollout import tokenize_rl_rows
 
 CITIES = ["Paris", "Lima", "Tokyo", "Dublin", "Rome", "Oslo", "Madrid", "Cairo"]
 
@@ -127,6 +131,40 @@ def test_reward_model_learns_and_exports_a_scorer(
     assert sum(c > r for c, r in zip(chosen, rejected, strict=True)) >= 7
     # Batching and padding do not change a score.
     assert score(prompts[:1], [held_out[0]["chosen"]])[0] == pytest.approx(chosen[0], abs=1e-5)
+    grader_scores_the_training_pairs_as_the_reward_model_does(model_dir, rows[:8])
+
+
+def as_chat(row: dict[str, Any]) -> dict[str, Any]:
+    """The same pair in OpenAI's chat format."""
+    return {
+        "input": {"messages": [{"role": "user", "content": row["prompt"]}]},
+        "preferred_output": [{"role": "assistant", "content": row["chosen"]}],
+        "non_preferred_output": [{"role": "assistant", "content": row["rejected"]}],
+    }
+
+
+def grader_scores_the_training_pairs_as_the_reward_model_does(
+    model_dir: Path, rows: list[dict[str, Any]]
+) -> None:
+    """A PPO/GRPO job's ``score_model`` grader sees a prompt as the rollout renders it (BOS + text, or the
+    chat template with its generation prompt) and the generated text; it must score a training pair
+    exactly as the reward model's own training forward pass does, for string and chat rows."""
+    tokenizer = load_tokenizer(str(model_dir))
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    grader = build_grader({"type": "score_model", "name": "rm", "model": str(model_dir)})
+    rl_rows = {
+        "string": [{"prompt": r["prompt"]} for r in rows],
+        "chat": [{"messages": [{"role": "user", "content": r["prompt"]}]} for r in rows],
+    }
+    for fmt, pairs in (("string", rows), ("chat", [as_chat(r) for r in rows])):
+        examples = tokenize_preference_rows(pairs, tokenizer, max_length=1024)
+        batch = collate_preferences(examples, pad_token_id=tokenizer.pad_token_id)
+        with torch.no_grad():
+            own = reward_scores(model, batch.input_ids, batch.attention_mask)  # chosen rows, then rejected
+        prompts = [p.text for p in tokenize_rl_rows(rl_rows[fmt], tokenizer, max_prompt_length=1024)]
+        completions = [r["chosen"] for r in rows] + [r["rejected"] for r in rows]
+        graded = grader(prompts * 2, completions)
+        assert graded == pytest.approx(own.tolist(), abs=1e-5), fmt
 
 
 def test_lora_resume_restores_the_score_head(

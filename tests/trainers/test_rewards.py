@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import trainers.rewards
+from trainers.preference_data import encode_prompt_completion
 from trainers.rewards import GraderError, build_grader, sentence_bleu, validate_grader
 
 OUT = "{{sample.output_text}}"
@@ -175,17 +176,24 @@ def test_score_model(tiny_model_path: Path, tmp_path: Path) -> None:
     grader = build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "rm")})
     prompts, completions = ["Hello", "Hello", "Capital?"], ["there", "friend of mine", "Lima"]
     scores = grader(prompts, completions)
-    # Batched with padding == one at a time without padding.
+    # Batched with padding == one at a time without padding, encoded as reward-model training encodes a
+    # pair (BOS + prompt, completion + EOS; see test_reward_model for the match with training itself).
     tok = AutoTokenizer.from_pretrained(tmp_path / "rm")
     model.eval()
     for p, c, s in zip(prompts, completions, scores, strict=True):
-        ids = tok(p + c, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        ids = torch.tensor([encode_prompt_completion(tok, p, c, max_length=1024)])
         with torch.no_grad():
             assert s == pytest.approx(model(input_ids=ids).logits[0, 0].item(), abs=1e-5)
     assert len(set(scores)) == 3
     with pytest.raises(GraderError, match="cannot load the reward model") as info:
         build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "missing")})
     assert info.value.param == "grader.model"
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=2).save_pretrained(
+        tmp_path / "two"
+    )
+    tok.save_pretrained(tmp_path / "two")
+    with pytest.raises(GraderError, match="num_labels=1"):
+        build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "two")})
 
 
 PY = {"type": "python", "name": "py"}

@@ -39,7 +39,10 @@ def assert_final_checkpoint_generates(path: Path, base: Path) -> None:
         return_dict=True,
     )
     out = model.generate(**inputs, max_new_tokens=6, do_sample=False)
-    assert out.shape[1] > inputs["input_ids"].shape[1]
+    reply = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    # the demo rows answer "The capital of Peru is Lima."; 20 steps teach the tiny model the opening
+    # (measured, greedy: "The capital of of is is" full, "The capital of." LoRA), not yet the fact
+    assert reply.startswith("The capital of"), reply
     before, after = load_file(base / "model.safetensors"), load_file(model_dir / "model.safetensors")
     assert before.keys() == after.keys()
     changed = [k for k in before if not torch.equal(before[k], after[k])]
@@ -76,7 +79,9 @@ def test_loss_falls_and_final_checkpoint_loads(
     # Validation at the end of the epoch and after the last step.
     assert [int(r["step"]) for r in rec.evals] == [16, 20]
     assert set(rec.evals[0]) == {"step", "epoch", "valid_loss", "valid_mean_token_accuracy"}
-    assert rec.evals[-1]["valid_loss"] < rec.evals[0]["valid_loss"] + 0.1
+    # Measured (seed 42): 4.43 -> 4.34 full, 5.665 -> 5.657 LoRA; the validation rows are training rows,
+    # so they end well below the first step's loss (6.23) and still fall over the second epoch.
+    assert rec.evals[-1]["valid_loss"] < rec.evals[0]["valid_loss"] < rec.losses[0] - 0.5
 
     assert [(c.step, c.final) for c in rec.checkpoints] == [(10, False), (20, True)]
     intermediate = rec.checkpoints[0].path / "model"

@@ -1,41 +1,65 @@
-"""The spec and the trainers agree: every runnable method's hyperparameters map onto its config."""
+"""The spec and the trainers agree: every registered method's hyperparameters map onto its config."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from service.jobs.spec import RL_METHODS, RUNNABLE_METHODS, Method, learning_rate, resolve_hyperparameters
-from worker.methods import RunInputs, build_config, config_class
+from service.jobs.spec import Method, MethodBase, learning_rate, resolve_hyperparameters
+from trainers.registry import METHODS
+from worker.methods import RunInputs, build_config
+
+GRADER = {"type": "string_check", "operation": "eq", "input": "{{sample.output_text}}", "reference": "a"}
+INPUTS = RunInputs(
+    model_path="m", output_dir=Path("/tmp/out"), seed=3, resume_from=None, train_rows=[], valid_rows=None
+)
 
 
-@pytest.mark.parametrize("method_type", RUNNABLE_METHODS)
-def test_every_hyperparameter_reaches_the_trainer_config(method_type: str) -> None:
-    body = {
-        "grader": {
-            "type": "string_check",
-            "operation": "eq",
-            "input": "{{sample.output_text}}",
-            "reference": "a",
-        }
-    }
-    method = Method.model_validate(
-        {"type": method_type, method_type: body if method_type in RL_METHODS else {}}
-    )
+def resolved(method_type: str, **hyperparameters: Any) -> MethodBase:
+    body: dict[str, Any] = {"hyperparameters": hyperparameters}
+    if METHODS[method_type].grader:
+        body["grader"] = GRADER
+    method = Method.model_validate({"type": method_type, method_type: body})
     resolve_hyperparameters(method, n_examples=64)
-    inputs = RunInputs(
-        model_path="m", output_dir=Path("/tmp/out"), seed=3, resume_from=None, train_rows=[], valid_rows=None
-    )
-    config = build_config(config_class(method_type), method, inputs)
-    hp = method.hyperparameters
-    assert config.n_epochs == hp.n_epochs and config.batch_size == hp.batch_size
-    assert config.use_lora == hp.lora and config.seed == 3 and config.model_path == "m"
+    return method
+
+
+@pytest.mark.parametrize("method_type", METHODS)
+def test_every_hyperparameter_reaches_the_trainer_config(method_type: str) -> None:
+    method = resolved(method_type)
+    config = build_config(method, INPUTS)
+    hp = method.hyperparameters.model_dump()
+    for p in METHODS[method_type].hyperparameters:
+        if p.in_trainer and p.name not in ("learning_rate", "save_minutes"):
+            assert getattr(config, p.field) == hp[p.name], p.name
+    assert config.use_lora is True and config.seed == 3 and config.model_path == "m"
     assert config.learning_rate == pytest.approx(learning_rate(method))
+    config.validate()  # what the API accepted, the trainer accepts
 
 
 def test_dpo_beta_auto_resolves_to_paper_default() -> None:
-    method = Method.model_validate({"type": "dpo", "dpo": {"hyperparameters": {"loss_type": "ipo"}}})
-    resolve_hyperparameters(method, n_examples=10)
-    config = build_config(config_class("dpo"), method, RunInputs("m", Path("/tmp"), 0, None, [], None))
+    config = build_config(resolved("dpo", loss_type="ipo"), INPUTS)
     assert config.beta == 0.1 and config.loss_type == "ipo"
+
+
+def test_base_learning_rates_scale_with_the_multiplier() -> None:
+    assert learning_rate(resolved("ppo", learning_rate_multiplier=2.0)) == pytest.approx(2e-5)
+    assert learning_rate(resolved("ppo", lora=False)) == pytest.approx(1e-6)
+    assert learning_rate(resolved("ppo", learning_rate=3e-4)) == pytest.approx(3e-4)
+
+
+def test_auto_batch_size_respects_the_methods_minimum() -> None:
+    # 4 examples make an "auto" batch of 1; KTO's KL estimate needs 2 examples per micro-batch
+    for method_type, expected in (("dpo", 1), ("kto", 2)):
+        method = Method.model_validate({"type": method_type})
+        resolve_hyperparameters(method, n_examples=4)
+        assert method.hyperparameters.model_dump()["batch_size"] == expected, method_type
+
+
+def test_checkpoint_policy_defaults_to_the_deployment_and_a_job_overrides_it() -> None:
+    inputs = RunInputs("m", Path("/tmp"), 0, None, [], None, save_minutes=2.5, keep_checkpoints=5)
+    config = build_config(resolved("supervised"), inputs)  # the job leaves save_minutes null
+    assert (config.save_minutes, config.keep_checkpoints) == (2.5, 5)
+    assert build_config(resolved("supervised", save_minutes=0), inputs).save_minutes == 0

@@ -20,7 +20,9 @@ from tunehouse.types import Checkpoint, FineTuningJob, JobEvent, MetricRow, Stre
 JOBS = "/v1/fine_tuning/jobs"
 # a stream is a long GET: no read timeout beyond the server's keep-alives (sent every 15 s)
 STREAM_TIMEOUT = httpx.Timeout(10.0, read=60.0)
-STREAM_RECONNECTS = 5
+# backoff 0.5, 1, 2, 4, 8, 8, 8, 8 s: about 40 s to ride out an API restart (the server drains on
+# SIGTERM and a single instance takes seconds to come back)
+STREAM_RECONNECTS = 8
 
 
 class WaitTimeout(TunehouseError):
@@ -143,6 +145,7 @@ class Jobs:
         suffix: str | None = None,
         seed: int | None = None,
         metadata: dict[str, str] | None = None,
+        integrations: list[dict[str, Any]] | None = None,
         timeout: float | None = None,
     ) -> FineTuningJob:
         body = _create_body(
@@ -154,6 +157,7 @@ class Jobs:
             suffix=suffix,
             seed=seed,
             metadata=metadata,
+            integrations=integrations,
         )
         return FineTuningJob.model_validate(self._t.request("POST", JOBS, json=body, timeout=timeout).json())
 
@@ -210,7 +214,8 @@ class Jobs:
     def stream(self, job_id: str, *, last_event_id: str | None = None) -> Iterator[StreamItem]:
         """Events and metric rows as they happen (history first), ending with a `StreamEnd`.
 
-        A dropped connection is resumed where it stopped (`Last-Event-ID`), so no item is lost or repeated.
+        A dropped connection, or a stream the server ended early (it drains on SIGTERM), is resumed where
+        it stopped (`Last-Event-ID`), so no item is lost or repeated.
         """
         reconnects = 0
         decoder = SSEDecoder()
@@ -225,7 +230,12 @@ class Jobs:
                 ) as response:
                     if not response.is_success:
                         response.read()
-                        raise status_error(response)
+                        delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, response)
+                        if delay is None:
+                            raise status_error(response)
+                        time.sleep(delay)  # 503 during an outage or a restart: Retry-After, then again
+                        reconnects += 1
+                        continue
                     for line in response.iter_lines():
                         for item in _decode(decoder, line):
                             reconnects = 0
@@ -239,7 +249,12 @@ class Jobs:
                 time.sleep(delay)
                 reconnects += 1
                 continue
-            raise APIConnectionError("the stream ended before the job did")
+            # ended before the job did: the server is draining (a restart, a deploy); come back
+            delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, None)
+            if delay is None:
+                raise APIConnectionError("the stream ended before the job did")
+            time.sleep(delay)
+            reconnects += 1
 
     def wait(
         self,
@@ -376,7 +391,12 @@ class AsyncJobs:
                 ) as response:
                     if not response.is_success:
                         await response.aread()
-                        raise status_error(response)
+                        delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, response)
+                        if delay is None:
+                            raise status_error(response)
+                        await asyncio.sleep(delay)  # 503 during an outage or a restart: Retry-After
+                        reconnects += 1
+                        continue
                     async for line in response.aiter_lines():
                         for item in _decode(decoder, line):
                             reconnects = 0
@@ -390,7 +410,12 @@ class AsyncJobs:
                 reconnects += 1
                 await asyncio.sleep(delay)
                 continue
-            raise APIConnectionError("the stream ended before the job did")
+            # ended before the job did: the server is draining (a restart, a deploy); come back
+            delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, None)
+            if delay is None:
+                raise APIConnectionError("the stream ended before the job did")
+            reconnects += 1
+            await asyncio.sleep(delay)
 
     async def wait(
         self, job_id: str, *, on_item: Callable[[StreamItem], None] | None = None

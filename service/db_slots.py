@@ -1,0 +1,67 @@
+"""Admission to the database pool, decided on the event loop before any thread is used.
+
+Why: a request used to check a pooled connection out in one threadpool hop (the API-key lookup) and
+keep it, idle in transaction, until its route ran in another hop. With more requests than pool slots,
+every worker thread ended up blocked on the pool for a connection held by a request that was itself
+waiting for a thread: at 200 connections one process served ~10 req/s, pool timeouts became errors
+and even /healthz (a sync route then) hung behind them. Waiting here instead, on the event loop,
+breaks that cycle: at most `db_pool_size` requests hold a slot, each slot is backed by a pooled
+connection, and the threadpool has more threads than slots, so a thread never waits for a connection
+and an admitted request never waits long for a thread. Requests beyond that queue here at no cost
+(no thread, no connection) and are served in arrival order.
+
+Every database user in the API process takes a slot: the request session (service.dependencies),
+the SSE stream's reads, /readyz and /metrics. The pool keeps a few overflow connections for what
+runs outside a request (the dispatch reconciler in an embedded server). A request that cannot get a
+slot within `db_pool_timeout_seconds` (the pool's own checkout timeout, 10 s by default) is a 503 with
+Retry-After, never a 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.to_thread
+
+from service.config import get_settings
+from service.errors import ServiceUnavailable
+
+# threads beyond the slots, for sync work that touches no database (blob reads and writes, upload
+# parsing): with them a slot never sits idle for lack of a thread
+SPARE_THREADS = 16
+
+_slots: anyio.Semaphore | None = None
+
+
+def _semaphore() -> anyio.Semaphore:
+    global _slots
+    if _slots is None:  # created on the server's event loop at the first request
+        _slots = anyio.Semaphore(get_settings().db_pool_size)
+    return _slots
+
+
+def size_threadpool() -> None:
+    """At startup: enough threads that every slot can run at once, plus the spares."""
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    limiter.total_tokens = max(limiter.total_tokens, get_settings().db_pool_size + SPARE_THREADS)
+
+
+@asynccontextmanager
+async def db_slot() -> AsyncIterator[None]:
+    """Hold one of the pool's slots: the caller may then check a connection out without waiting."""
+    slots = _semaphore()
+    timeout = get_settings().db_pool_timeout_seconds
+    try:
+        with anyio.fail_after(timeout):
+            await slots.acquire()
+    except TimeoutError as exc:
+        raise ServiceUnavailable(
+            f"The database is busy: no connection came free within {timeout:g} s; retry shortly.",
+            code="database_busy",
+        ) from exc
+    try:
+        yield
+    finally:
+        slots.release()

@@ -1,0 +1,137 @@
+"""Getting a queued job to a worker: the job row is the outbox, a reconciler guarantees delivery.
+
+A job becomes `queued` in the DB first; its run message is sent after that commit (service/queue.py).
+The send can fail (broker down: the API still answers, the job is stored) and a broker can lose a sent
+message (Redis restarted without persistence). So every worker runs `reconcile` every few seconds
+(worker/reaper.py; `tunehouse up` runs a worker too): a job still `queued` `dispatch_timeout` after its
+last send is sent again, and one whose send failed is sent at the next pass. Two messages for one job
+are harmless: the DB lease (worker/lease.py) lets exactly one claim win; the other finds the job
+taken and returns.
+
+Every way back to the queue goes through `requeue`: a stale lease, a dead trainer, a worker handing
+its job back on SIGTERM, a resumed pause. A job whose pause was requested meanwhile goes to `paused`
+instead, so a pause is never lost in a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from sqlalchemy import ColumnElement, select, update
+from sqlalchemy.orm import Session
+
+from service.db import session_scope
+from service.models import Job
+from service.queue import RUN_JOB_TASK, enqueue_after_commit, send_task
+
+log = logging.getLogger("tunehouse.dispatch")
+
+# Re-sends of a job that stays queued back off: timeout, then 2x, 4x, ... the time it has waited, up to
+# this. A job merely waiting behind long jobs thus costs a few duplicate messages per hour (each one a
+# single failed claim), not one per reconciler pass.
+MAX_RESEND_INTERVAL_SECONDS = 600.0
+
+
+def _mark_unsent(job_id: str, sent_at: float) -> None:
+    """The send after commit failed: clear `dispatched_at` so the next reconciler pass sends it."""
+    with session_scope() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "queued", Job.dispatched_at == sent_at)
+            .values(dispatched_at=None)
+            .execution_options(synchronize_session=False)
+        )
+
+
+def queued_values(t: float) -> dict[str, Any]:
+    """A job entering `queued` now: no lease holder, its message sent at `t` (`send_after_commit`)."""
+    return {"status": "queued", "worker_id": None, "heartbeat_at": None, "queued_at": t, "dispatched_at": t}
+
+
+def send_after_commit(session: Session, job_id: str, sent_at: float, *, queue: str) -> None:
+    """Send the job's run message to its `queue` once `session` commits; on failure mark it unsent for
+    the reconciler."""
+    enqueue_after_commit(
+        session, RUN_JOB_TASK, [job_id], queue=queue, on_failure=lambda: _mark_unsent(job_id, sent_at)
+    )
+
+
+def requeue(
+    session: Session, *, job_id: str, expect: ColumnElement[bool], restart: bool = False
+) -> str | None:
+    """Move the job back to the queue if `expect` (e.g. "running, held by me") still holds.
+
+    Returns the new status: `queued` (its run message goes out after commit), `paused` when a pause was
+    requested meanwhile, or None when `expect` no longer holds (someone else moved the job). `restart`
+    counts a crash restart (bounded by settings.max_restarts; the caller checks the bound in `expect`).
+    The caller writes the event: it knows why.
+    """
+    t = time.time()
+    charged: dict[str, Any] = {"restarts": Job.restarts + 1} if restart else {}
+    paused = session.execute(
+        update(Job)
+        .where(Job.id == job_id, expect, Job.pause_requested.is_(True))
+        .values(status="paused", pause_requested=False, worker_id=None, heartbeat_at=None, **charged)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(paused, "rowcount", 0) == 1:
+        return "paused"
+    queued = session.execute(
+        update(Job)
+        .where(Job.id == job_id, expect)
+        .values(**queued_values(t), **charged)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(queued, "rowcount", 0) != 1:
+        return None
+    send_after_commit(
+        session, job_id, t, queue=session.execute(select(Job.queue).where(Job.id == job_id)).scalar_one()
+    )
+    return "queued"
+
+
+def _resend_due(t: float, queued_at: float | None, dispatched_at: float | None, timeout: float) -> bool:
+    if dispatched_at is None:
+        return True
+    waited = dispatched_at - (queued_at if queued_at is not None else dispatched_at)
+    return t - dispatched_at >= min(max(timeout, waited), max(timeout, MAX_RESEND_INTERVAL_SECONDS))
+
+
+def reconcile(*, dispatch_timeout: float) -> list[str]:
+    """Send again every queued job not claimed in time; returns the ids sent. Safe to run anywhere, any
+    number of times at once: a compare-and-set on `dispatched_at` picks one sender per job and pass."""
+    t = time.time()
+    with session_scope() as session:
+        rows = session.execute(
+            select(Job.id, Job.queued_at, Job.dispatched_at, Job.queue)
+            .where(Job.status == "queued")
+            .where(Job.dispatched_at.is_(None) | (Job.dispatched_at <= t - dispatch_timeout))
+            .order_by(Job.queued_at)
+        ).all()
+    sent: list[str] = []
+    for job_id, queued_at, dispatched_at, queue in rows:
+        if not _resend_due(t, queued_at, dispatched_at, dispatch_timeout):
+            continue
+        same = Job.dispatched_at.is_(None) if dispatched_at is None else Job.dispatched_at == dispatched_at
+        with session_scope() as session:
+            won = session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status == "queued", same)
+                .values(dispatched_at=t)
+                .execution_options(synchronize_session=False)
+            )
+            if getattr(won, "rowcount", 0) != 1:
+                continue  # another reconciler sent it, or a worker claimed it meanwhile
+        if not send_task(RUN_JOB_TASK, [job_id], queue=queue):
+            with session_scope() as session:
+                session.execute(
+                    update(Job)
+                    .where(Job.id == job_id, Job.dispatched_at == t)
+                    .values(dispatched_at=dispatched_at)
+                    .execution_options(synchronize_session=False)
+                )
+            break  # the broker is down: the other jobs wait for the next pass, not for N timeouts here
+        sent.append(job_id)
+    return sent

@@ -1,0 +1,85 @@
+"""The operator's endpoints: liveness, readiness and Prometheus metrics (none in the OpenAPI document,
+none behind a tenant's API key).
+
+- `/healthz` answers 200 while the process can answer at all (it touches no dependency and runs on
+  the event loop, never waiting for a thread or a database connection), so an orchestrator does not
+  restart a healthy API because its database is briefly away or busy.
+- `/readyz` answers 503 (with Retry-After) while the database is unreachable, so a load balancer stops
+  routing to this instance until it is back.
+- `/metrics` shows every tenant's job counts, so it is served only when `TUNEHOUSE_METRICS_TOKEN` is
+  set, and only to requests carrying it as `Authorization: Bearer <token>` (Prometheus:
+  `authorization: {credentials: <token>}` in the scrape config).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from fastapi.responses import PlainTextResponse, Response
+from sqlalchemy import func, select, text
+from starlette.concurrency import run_in_threadpool
+
+from service.db import get_engine, get_sessionmaker
+from service.db_slots import db_slot
+from service.dependencies import SettingsDep
+from service.errors import RETRY_AFTER_SECONDS, NotFound, Unauthorized
+from service.jobs.schemas import JOB_STATUSES
+from service.models import Job
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def _ping() -> None:
+    with get_engine().connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
+@router.get("/readyz")
+async def readyz() -> Response:
+    try:
+        async with db_slot():
+            await run_in_threadpool(_ping)
+    except Exception as exc:  # readiness reports, it does not raise (a busy pool included)
+        return PlainTextResponse(
+            f"database unavailable: {type(exc).__name__}",
+            status_code=503,
+            headers={"retry-after": str(RETRY_AFTER_SECONDS)},
+        )
+    return PlainTextResponse("ready")
+
+
+def _check_operator(token: str, authorization: str | None) -> None:
+    if not token:
+        raise NotFound(
+            "/metrics is disabled; the operator enables it by setting TUNEHOUSE_METRICS_TOKEN",
+            code="metrics_disabled",
+        )
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise Unauthorized("/metrics needs 'Authorization: Bearer <TUNEHOUSE_METRICS_TOKEN>'")
+
+
+def _job_counts() -> dict[str, int]:
+    with get_sessionmaker()() as session:
+        rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+        return {status: count for status, count in rows}
+
+
+@router.get("/metrics")
+async def prometheus(
+    settings: SettingsDep, authorization: Annotated[str | None, Header()] = None
+) -> Response:
+    _check_operator(settings.metrics_token, authorization)
+    async with db_slot():
+        counts = await run_in_threadpool(_job_counts)
+    lines = ["# HELP tunehouse_jobs Fine-tuning jobs by status.", "# TYPE tunehouse_jobs gauge"]
+    for status in JOB_STATUSES:
+        lines.append(f'tunehouse_jobs{{status="{status}"}} {counts.get(status, 0)}')
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

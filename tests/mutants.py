@@ -1,0 +1,124 @@
+"""Mutation check (`make mutants`): mutmut mutates one module at a time and runs the tests that guard it.
+
+    make mutants                                   # the default (fast) modules below
+    make mutants MODULES="trainers/grpo.py"        # any module listed in GUARDS
+    python -m tests.mutants trainers/losses.py     # the same, without make
+
+For each module it prints the score (killed / mutants tried) and every surviving mutant as a diff. A
+survivor is a change to the code that no test noticed: kill it with a test, or, if it cannot change
+behaviour, list it in docs/testing.md as equivalent, with why. Not in `.ci/run`: it runs the module's
+tests once per mutant (mutmut forks after one import, but the RL and loop tests still take minutes).
+
+Each module gets its own copy of the project under MUTANTS_DIR (default /tmp/tunehouse-mutants), with
+a `[tool.mutmut]` section naming that module and its tests; mutmut remembers finished mutants there, so
+an interrupted run resumes. The tests need PostgreSQL and Redis as for `make test`
+(TUNEHOUSE_TEST_REDIS / TUNEHOUSE_TEST_POSTGRES are passed through).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = Path(os.environ.get("MUTANTS_DIR", "/tmp/tunehouse-mutants"))
+
+# module -> the tests that decide whether a change to it is caught
+GUARDS: dict[str, list[str]] = {
+    "trainers/losses.py": ["tests/trainers/test_losses.py", "tests/trainers/test_sft_training.py"],
+    "worker/lease.py": ["tests/worker/test_lease.py"],
+    "service/jobs/spec.py": ["tests/service/test_jobs_api.py", "tests/worker/test_methods.py"],
+    "service/jobs/service.py": ["tests/service/test_jobs_api.py"],
+    "service/files/validation.py": ["tests/service/test_file_validation.py"],
+    "trainers/collate.py": ["tests/trainers/test_data.py", "tests/trainers/test_packing.py"],
+    "trainers/grpo.py": ["tests/trainers/test_grpo.py"],
+    "trainers/ppo.py": ["tests/trainers/test_ppo.py"],
+    "trainers/dpo.py": ["tests/trainers/test_dpo.py"],
+    "trainers/rl.py": ["tests/trainers/test_rl.py", "tests/trainers/test_grpo.py"],
+    "trainers/rewards.py": ["tests/trainers/test_rewards.py"],
+    "trainers/loop.py": ["tests/trainers/test_sft_training.py", "tests/trainers/test_resume.py"],
+    "trainers/checkpoint.py": ["tests/trainers/test_resume.py"],
+}
+DEFAULT = ["trainers/losses.py", "worker/lease.py"]
+COPIED = (
+    "service",
+    "worker",
+    "trainers",
+    "tunehouse",
+    "tests",
+    "migrations",
+    "alembic.ini",
+    "pyproject.toml",
+)
+
+
+def _prepare(module: str) -> Path:
+    work = WORK / module.replace("/", "_").removesuffix(".py")
+    work.mkdir(parents=True, exist_ok=True)
+    for name in COPIED:
+        src, dest = ROOT / name, work / name
+        if src.is_dir():
+            shutil.copytree(src, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest)
+    tests = ", ".join(f'"{t}"' for t in GUARDS[module])
+    top = module.split("/")[0]
+    others = ", ".join(f'"{n}"' for n in COPIED if n not in (top, "tests", "pyproject.toml"))
+    section = (
+        "\n[tool.mutmut]\n"
+        f'source_paths = ["{top}"]\n'
+        f'only_mutate = ["{module}"]\n'
+        f"also_copy = [{others}]\n"
+        f"pytest_add_cli_args_test_selection = [{tests}]\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
+    )
+    pyproject = work / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text(encoding="utf-8") + section, encoding="utf-8")
+    return work
+
+
+def _mutmut(work: Path, *args: str, capture: bool = False) -> str:
+    exe = Path(sys.executable).with_name("mutmut")
+    out = subprocess.run(
+        [str(exe), *args], cwd=work, text=True, capture_output=capture, check=False, env=os.environ.copy()
+    )
+    return out.stdout if capture else ""
+
+
+def run(module: str) -> tuple[int, int, list[str]]:
+    """(killed, tried, survivors' names) of one module, after running its mutants."""
+    work = _prepare(module)
+    _mutmut(work, "run")
+    results = _mutmut(work, "results", "--all", "true", capture=True)
+    statuses = dict(re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", results, flags=re.MULTILINE))
+    survivors = sorted(n for n, s in statuses.items() if s.strip() in ("survived", "suspicious", "timeout"))
+    tried = [s for s in statuses.values() if s.strip() not in ("not checked", "skipped", "no tests")]
+    killed = sum(s.strip() == "killed" for s in statuses.values())
+    untested = [n for n, s in statuses.items() if s.strip() == "no tests"]
+    for name in survivors + untested:
+        print(f"\n--- {name} ({statuses[name].strip()})")
+        print(_mutmut(work, "show", name, capture=True).rstrip())
+    return killed, len(tried), survivors
+
+
+def main(modules: list[str]) -> int:
+    unknown = [m for m in modules if m not in GUARDS]
+    if unknown:
+        print(f"no tests are declared for {unknown} in tests/mutants.py GUARDS", file=sys.stderr)
+        return 2
+    summary = []
+    for module in modules:
+        killed, tried, survivors = run(module)
+        score = 100.0 * killed / tried if tried else 0.0
+        summary.append(f"{module}: {killed}/{tried} killed ({score:.1f}%), {len(survivors)} survived")
+    print("\nmutation score per module")
+    print("\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:] or DEFAULT))

@@ -1,0 +1,70 @@
+"""One rank of a data-parallel trainer run, for tests/trainers/test_distributed.py.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N -m tests.trainers.dist_entry SPEC
+
+SPEC (JSON): ``method`` (a registry name), ``config`` (the config's fields), ``rows`` / ``valid_rows``
+(JSONL paths), ``out`` (each rank writes ``{out}.rank{R}.json``: its recorded rows, checkpoints and
+result), and optionally ``kill`` = {"rank": R, "after_checkpoint": STEP}: that rank SIGKILLs itself once
+the checkpoint of STEP is on disk, as an OOM kill would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.trainers.helpers import Recorder
+from trainers import distributed as dist
+from trainers.checkpoint import checkpoint_dir
+from trainers.registry import METHODS, resolve
+
+
+def _rows(path: str | None) -> list[dict[str, Any]] | None:
+    if path is None:
+        return None
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+
+
+def _kill_after(path: Path) -> None:
+    def watch() -> None:
+        while not path.is_dir():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    dist.init_from_env(timeout_seconds=float(spec.get("timeout", 60)))
+    rank = dist.rank()
+    method = METHODS[spec["method"]]
+    config = resolve(method.config)(**spec["config"])
+    kill = spec.get("kill")
+    if kill is not None and kill["rank"] == rank:
+        _kill_after(checkpoint_dir(config.output_dir, kill["after_checkpoint"]))
+    rec = Recorder()
+    train = resolve(method.trainer)
+    result = train(config, _rows(spec["rows"]), _rows(spec.get("valid_rows")), rec)
+    out = {
+        "rank": rank,
+        "world_size": dist.world_size(),
+        "begin": rec.begin,
+        "steps": rec.steps,
+        "evals": rec.evals,
+        "checkpoints": [[c.step, c.final] for c in rec.checkpoints],
+        "final_checkpoint": str(result.final_checkpoint.path) if result.final_checkpoint else None,
+        "steps_done": result.steps,
+    }
+    Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,108 @@
+"""The token-by-token sampler behind /v1/chat/completions (trainers/generation.py), on the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainers.generation import Generation, chat_prompt_ids, load_causal_lm, pick_next
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_path: Path) -> tuple[Any, Any]:
+    return load_causal_lm(tiny_model_path)
+
+
+def _run(
+    loaded: tuple[Any, Any], **kwargs: Any
+) -> tuple[Generation, list[list[tuple[int, str, str | None]]]]:
+    model, tokenizer = loaded
+    n, stop = kwargs.pop("n", 1), kwargs.pop("stop", ())
+    generation = Generation(tokenizer, n=n, stop=stop)
+    steps = list(generation.run(model, chat_prompt_ids(tokenizer, CHAT), **kwargs))
+    return generation, steps
+
+
+def test_greedy_matches_transformers_generate(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    prompt = chat_prompt_ids(tokenizer, CHAT)
+    reference = model.generate(
+        torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=tokenizer.eos_token_id
+    )[0, len(prompt) :].tolist()
+    generation, _ = _run(loaded, max_new_tokens=12, temperature=0.0, top_p=1.0, seed=0)
+    # our KV-cache loop picks the same tokens as transformers' own greedy search
+    assert generation.choices[0].ids == reference[: len(generation.choices[0].ids)]
+    assert generation.texts[0] == tokenizer.decode(generation.choices[0].ids, skip_special_tokens=True)
+
+
+def test_streamed_pieces_add_up_and_length_is_reported(loaded: tuple[Any, Any]) -> None:
+    generation, steps = _run(loaded, n=3, max_new_tokens=7, temperature=1.5, top_p=1.0, seed=3)
+    for index in range(3):
+        pieces = [text for step in steps for i, text, _ in step if i == index]
+        assert "".join(pieces) == generation.texts[index]
+        ends = [reason for step in steps for i, _, reason in step if i == index and reason]
+        assert ends == [generation.finish_reasons[index]]
+        assert ends[0] in ("stop", "length")
+    # a choice that never hit EOS stopped at max_new_tokens: "length", with every token counted
+    assert generation.completion_tokens == sum(len(c.ids) for c in generation.choices)
+    for choice in generation.choices:
+        assert (choice.finish_reason == "length") == (len(choice.ids) == 7)
+
+
+def test_seed_reproduces_and_choices_differ(loaded: tuple[Any, Any]) -> None:
+    first, _ = _run(loaded, n=4, max_new_tokens=10, temperature=1.5, top_p=1.0, seed=11)
+    again, _ = _run(loaded, n=4, max_new_tokens=10, temperature=1.5, top_p=1.0, seed=11)
+    other, _ = _run(loaded, n=4, max_new_tokens=10, temperature=1.5, top_p=1.0, seed=12)
+    assert [c.ids for c in first.choices] == [c.ids for c in again.choices]
+    assert [c.ids for c in first.choices] != [c.ids for c in other.choices]
+    # the n rows of one batch are sampled independently
+    assert len({tuple(c.ids) for c in first.choices}) > 1
+
+
+def test_stop_string_cuts_the_text_and_is_never_streamed(loaded: tuple[Any, Any]) -> None:
+    free, _ = _run(loaded, max_new_tokens=16, temperature=0.0, top_p=1.0, seed=0)
+    text = free.texts[0]
+    assert len(text) >= 6, text
+    stop = text[3:6]
+    cut, steps = _run(loaded, stop=[stop], max_new_tokens=16, temperature=0.0, top_p=1.0, seed=0)
+    assert cut.texts[0] == text[: text.find(stop)]
+    assert cut.finish_reasons == ["stop"]
+    assert "".join(t for step in steps for _, t, _ in step) == cut.texts[0]
+
+
+def test_nucleus_keeps_only_the_top_token_at_small_top_p() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.9]] * 64)
+    generator = torch.Generator().manual_seed(0)
+    picked = pick_next(logits, temperature=1.0, top_p=0.05, generator=generator)
+    assert picked.tolist() == [1] * 64
+    wide = pick_next(logits, temperature=1.0, top_p=1.0, generator=generator)
+    assert set(wide.tolist()) > {1}
+    assert pick_next(logits, temperature=0.0, top_p=1.0, generator=generator).tolist() == [1] * 64
+
+
+class _CharTokenizer:
+    """One token per character (id = code point), 0 = EOS: makes token boundaries explicit."""
+
+    eos_token_id = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids if i)
+
+
+def test_text_that_may_start_a_stop_string_is_held_back_until_it_does_not() -> None:
+    def feed(text: str) -> tuple[Generation, list[tuple[str, str | None]]]:
+        generation = Generation(_CharTokenizer(), n=1, stop=["END"])  # type: ignore[arg-type]
+        out = [generation._advance(0, ord(c), {0}, last=False) for c in text]
+        return generation, [(u[1], u[2]) for u in out if u is not None]
+
+    _, pieces = feed("xyEN")
+    assert pieces == [("x", None), ("y", None)]  # "EN" may begin "END": not sent yet
+    generation, pieces = feed("xyENx")
+    assert pieces[-1] == ("ENx", None)  # it did not: sent with the next character
+    generation, pieces = feed("xyEND")
+    assert pieces[-1] == ("", "stop") and generation.texts == ["xy"]

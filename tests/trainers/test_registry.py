@@ -1,0 +1,183 @@
+"""The method registry (trainers/registry.py) is wired everywhere it is read: a method declared there but
+missing a piece elsewhere fails here.
+
+- the service reads it without torch; every entry point and config resolves, with the one signature;
+- every config has a field per declared hyperparameter, with the declared default, and rejects what the
+  API rejects (the ranges are one declaration);
+- every format is one the upload validator detects;
+- a one-step run of every method emits exactly its declared metrics (and eval metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from service.files.validation import FileFormat
+from service.jobs.spec import Method
+from tests.trainers.helpers import Recorder, small_config
+from trainers.config import TrainingConfig
+from trainers.entry import TrainEntry
+from trainers.errors import DataError
+from trainers.method_docs import FORMAT_SHAPES, render
+from trainers.registry import LOOP_METRICS, METHODS, Hyperparameter, resolve
+from trainers.rl import RewardSet
+
+GRADER = {"type": "string_check", "operation": "eq", "input": "{{sample.output_text}}", "reference": "a"}
+# set by the worker, not hyperparameters (keep_checkpoints: the deployment's TUNEHOUSE_CHECKPOINT_KEEP)
+RUN_FIELDS = {"model_path", "output_dir", "seed", "resume_from", "keep_checkpoints"}
+CHAT = [{"role": "user", "content": "Is Lima a city?"}]
+# one valid training file per format, for the one-step runs (a new format needs rows here)
+ROWS: dict[str, list[dict[str, Any]]] = {
+    "chat": [{"messages": [*CHAT, {"role": "assistant", "content": "Yes, it is."}]}] * 4,
+    "prompt_completion": [{"prompt": "Is Lima a city?", "completion": " Yes."}] * 4,
+    "text": [{"text": "Lima is the capital of Peru."}] * 4,
+    "preference": [{"prompt": "Is Lima a city?", "chosen": " Yes.", "rejected": " No."}] * 4,
+    "prompt_only": [{"prompt": "The capital of Peru is", "answer": "e"}] * 4,
+    # one desirable and one undesirable example: a step of 2 reports the rewards of both
+    "unpaired_preference": [
+        {"prompt": "Is Lima a city?", "completion": " Yes.", "label": True},
+        {"prompt": "Is Lima a river?", "completion": " Yes.", "label": False},
+    ],
+}
+
+
+def test_the_service_reads_the_registry_without_torch() -> None:
+    code = (
+        # trainers.rewards too: the graders API (service/graders) runs graders in the API process
+        "import sys, service.app, service.jobs.spec, trainers.registry, trainers.formula, trainers.rewards; "
+        "print(sorted(m for m in ('torch', 'transformers', 'worker') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_entry_point_and_config_resolve_with_the_one_signature(name: str) -> None:
+    method = METHODS[name]
+    config_cls = resolve(method.config)
+    assert issubclass(config_cls, TrainingConfig)
+    # the config checks against an entry with the same knobs (reinforcement is GRPO under another name)
+    assert METHODS[config_cls.method].hyperparameters == method.hyperparameters
+    train = resolve(method.trainer)
+    ours = [(p.name, p.kind, p.default) for p in inspect.signature(train).parameters.values()]
+    theirs = [(p.name, p.kind, p.default) for p in inspect.signature(TrainEntry.__call__).parameters.values()]
+    assert ours[: len(theirs) - 1] == theirs[1:]  # the protocol's `self` aside; extra keyword-only may follow
+    extra = ours[len(theirs) - 1 :]
+    assert all(
+        kind is inspect.Parameter.KEYWORD_ONLY and default is not inspect.Parameter.empty
+        for _, kind, default in extra
+    )
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_config_fields_and_defaults_are_the_declarations(name: str) -> None:
+    method = METHODS[name]
+    fields = {f.name: f for f in dataclasses.fields(resolve(method.config))}
+    declared = {p.field: p for p in method.hyperparameters if p.in_trainer}
+    assert set(fields) == set(declared) | RUN_FIELDS
+    for p in declared.values():
+        if p.auto or p.name == "learning_rate":  # resolved by the service / the method's own base rate
+            continue
+        if p.name == "save_minutes":  # null at the API: the worker puts the deployment's default
+            continue
+        f = fields[p.field]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        assert default == p.default, p.name
+    for fmt in method.formats:
+        FileFormat(fmt)  # a format the upload validator detects
+    assert method.learning_rates[0] > method.learning_rates[1] > 0
+
+
+def _outside(p: Hyperparameter) -> list[Any]:
+    """Values just outside the declared range (or type) of ``p``."""
+    if p.kind == "bool":
+        return ["maybe"]
+    if p.kind == "str":
+        return ["bogus"] if p.choices else [1]
+    if p.kind == "str_list":
+        return [[1]]
+    values: list[Any] = [math.inf] if p.kind == "float" else [1.5]
+    if p.ge is not None:
+        values.append(p.ge - 1)
+    if p.gt is not None:
+        values.append(p.gt)
+    if p.le is not None:
+        values.append(p.le + 1)
+    if p.lt is not None:
+        values.append(p.lt)
+    return values
+
+
+CASES = [
+    (name, p, value)
+    for name, m in METHODS.items()
+    for p in m.hyperparameters
+    if p.in_trainer
+    for value in _outside(p)
+]
+
+
+@pytest.mark.parametrize(("name", "p", "value"), CASES, ids=[f"{n}.{p.name}={v!r}" for n, p, v in CASES])
+def test_what_the_api_refuses_the_trainer_refuses(name: str, p: Hyperparameter, value: Any) -> None:
+    body: dict[str, Any] = {"hyperparameters": {p.name: value}}
+    if METHODS[name].grader:
+        body["grader"] = GRADER
+    with pytest.raises(ValidationError):
+        Method.model_validate({"type": name, name: body})
+    config = resolve(METHODS[name].config)(model_path="m", output_dir="o", **{p.field: value})
+    with pytest.raises(DataError) as info:
+        config.validate()
+    assert info.value.param == f"hyperparameters.{p.name}"
+
+
+def test_ppo_mini_batches_must_divide_the_rollout_at_the_api_and_in_the_trainer() -> None:
+    ppo = METHODS["ppo"]
+    assert ppo.check({"batch_size": 3, "gradient_accumulation_steps": 1, "num_mini_batches": 2}) is not None
+    config = resolve(ppo.config)(model_path="m", output_dir="o", batch_size=3, num_mini_batches=2)
+    with pytest.raises(DataError, match="num_mini_batches"):
+        config.validate()
+
+
+# -- metrics ------------------------------------------------------------------------------------------------
+def ones(prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
+    return [1.0] * len(completions)
+
+
+def _expand(names: tuple[str, ...], grader: str) -> set[str]:
+    return {n.replace("{grader}", grader) for n in names}
+
+
+@pytest.mark.parametrize("name", [n for n in METHODS if n != "reinforcement"])  # reinforcement is GRPO
+def test_a_one_step_run_emits_exactly_the_declared_metrics(
+    name: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    method = METHODS[name]
+    config = small_config(name, tiny_model_path, tmp_path, beta=0.1)  # beta: GRPO's kl is emitted then
+    rows = ROWS[method.formats[0]]
+    rec = Recorder()
+    kwargs: dict[str, Any] = {}
+    if method.grader:
+        kwargs["rewards"] = RewardSet.of(
+            [lambda prompts, completions, **_: [1.0] * len(completions)], names=["g"]
+        )
+    train: TrainEntry = resolve(method.trainer)
+    train(config, rows, rows[:2], rec, **kwargs)
+    assert set(rec.steps[0]) == {"step", "epoch", "total_steps", *LOOP_METRICS} | _expand(method.metrics, "g")
+    # a grader method's validation samples and grades: a reward, no loss
+    loss = set() if method.grader else {"valid_loss"}
+    assert set(rec.evals[-1]) == {"step", "epoch", *loss} | _expand(method.eval_metrics, "g")
+
+
+def test_readme_methods_and_hyperparameters_are_generated_from_the_registry() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert render(readme) == readme, "README.md is stale: run `make docs`"
+    assert set(FORMAT_SHAPES) == {f.value for f in FileFormat}

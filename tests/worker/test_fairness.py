@@ -1,0 +1,176 @@
+"""The fair-share order, the per-tenant limit and queue positions, on real PostgreSQL.
+
+A database of this module's own (as in test_lease.py): the e2e tests' worker would otherwise claim
+these queued rows. Each test starts from an empty queue.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select, text, update
+from sqlalchemy.orm import sessionmaker
+
+import service.db
+from service.db import make_engine, session_scope
+from service.ids import new_id
+from service.jobs.fairness import fair_order, queue_positions
+from service.migrate import upgrade_head
+from service.models import Job, Tenant
+from tests.conftest import PG_DATABASE, PG_SERVER
+from worker import lease
+
+OWN_DATABASE = f"{PG_DATABASE}_fair"
+
+
+@pytest.fixture(scope="module")
+def _own_database() -> Iterator[sessionmaker[Any]]:
+    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}"'))
+        conn.execute(text(f'CREATE DATABASE "{OWN_DATABASE}"'))
+    url = f"{PG_SERVER}/{OWN_DATABASE}"
+    upgrade_head(url)
+    engine = make_engine(url)
+    yield sessionmaker(bind=engine, expire_on_commit=False)
+    engine.dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _empty_queue(_own_database: sessionmaker[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: _own_database)
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.status.in_(("queued", "running"))).values(status="cancelled"))
+
+
+def _tenant() -> str:
+    tenant_id = new_id("tenant")
+    with session_scope() as session:
+        session.add(Tenant(id=tenant_id, name=tenant_id))
+    return tenant_id
+
+
+_clock = [time.time()]
+
+
+def _job(tenant_id: str, status: str = "queued", **values: Any) -> str:
+    """A job row; queued ones get increasing `queued_at` in the order they are made."""
+    _clock[0] += 1.0
+    job_id = new_id("ftjob")
+    with session_scope() as session:
+        session.add(
+            Job(
+                id=job_id,
+                tenant_id=tenant_id,
+                model="tunehouse/tiny-llama",
+                training_file="file-x",
+                method={"type": "supervised", "supervised": {"hyperparameters": {}}},
+                seed=0,
+                status=status,
+                queued_at=_clock[0],
+                **values,
+            )
+        )
+    return job_id
+
+
+def _order() -> list[str]:
+    with session_scope() as session:
+        return [w.job_id for w in fair_order(session, queue="tunehouse")]
+
+
+def _positions(job_ids: list[str]) -> list[int]:
+    with session_scope() as session:
+        positions = queue_positions(session, job_ids)
+    return [positions[j] for j in job_ids]
+
+
+def test_one_tenants_backlog_does_not_starve_another() -> None:
+    """Tenants take turns: A's 4 jobs wait earlier, B's single job and C's two come after, yet B and C
+    each start within one turn; within a tenant, first in first out."""
+    a, b, c = _tenant(), _tenant(), _tenant()
+    _job(a, status="succeeded", started_at=int(time.time()) - 60)  # A was served before
+    a_jobs = [_job(a) for _ in range(4)]
+    b1 = _job(b)
+    c_jobs = [_job(c), _job(c)]
+    # each turn: tenants never served first (first in first out between them), then A
+    expected = [b1, c_jobs[0], a_jobs[0], c_jobs[1], a_jobs[1], a_jobs[2], a_jobs[3]]
+    assert _order() == expected
+    assert _positions(expected) == list(range(1, 8))
+
+
+def test_a_tenant_with_running_jobs_waits_behind_one_without() -> None:
+    a, b = _tenant(), _tenant()
+    _job(a, status="running", worker_id="w", heartbeat_at=time.time(), started_at=int(time.time()))
+    a2 = _job(a)
+    b1 = _job(b, started_at=None)
+    _job(b, status="succeeded", started_at=int(time.time()))  # B was served as recently as A
+    assert _order() == [b1, a2]
+
+
+def test_positions_are_counted_within_each_queue_and_only_for_queued_jobs() -> None:
+    a = _tenant()
+    first, other_queue = _job(a), _job(a, queue="tunehouse-other")
+    done = _job(a, status="succeeded")
+    with session_scope() as session:
+        assert queue_positions(session, [first, other_queue, done]) == {first: 1, other_queue: 1}
+    assert _order() == [first]
+
+
+def _claim(limit: int, worker: str = "w") -> str | None:
+    return lease.claim_fair(worker_id=worker, queue="tunehouse", max_running_per_tenant=limit)
+
+
+def test_claim_takes_the_fairest_job_and_skips_a_tenant_at_its_limit() -> None:
+    a, b = _tenant(), _tenant()
+    a_jobs = [_job(a) for _ in range(3)]
+    b1 = _job(b)
+    assert _claim(limit=1) == a_jobs[0]  # nobody served yet: the oldest
+    assert _claim(limit=1) == b1  # A is at its limit of 1 running job
+    assert _claim(limit=1) is None  # both at their limit; A's other jobs stay queued
+    with session_scope() as session:
+        assert session.scalar(select(Job.status).where(Job.id == a_jobs[1])) == "queued"
+        session.execute(update(Job).where(Job.id == a_jobs[0]).values(status="succeeded"))
+    assert _claim(limit=1) == a_jobs[1]  # a running job ended: A's next may start
+    assert _claim(limit=0) == a_jobs[2]  # 0: no limit
+
+
+def test_claim_stays_in_its_queue() -> None:
+    a = _tenant()
+    _job(a, queue="tunehouse-other")
+    assert _claim(limit=0) is None
+
+
+def test_concurrent_claims_take_distinct_jobs_and_respect_the_limit() -> None:
+    """Eight workers claim at once: no job is claimed twice, and A never runs more than its limit."""
+    a, b = _tenant(), _tenant()
+    for _ in range(6):
+        _job(a)
+    b_jobs = [_job(b) for _ in range(2)]
+    claimed: list[str | None] = []
+    start = threading.Barrier(8)
+
+    def worker(n: int) -> None:
+        start.wait()
+        claimed.append(_claim(limit=2, worker=f"w{n}"))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [j for j in claimed if j is not None]
+    assert len(got) == len(set(got)) == 4  # 2 of A's, both of B's
+    with session_scope() as session:
+        running = session.execute(
+            select(Job.tenant_id, func.count()).where(Job.status == "running").group_by(Job.tenant_id)
+        ).all()
+    assert dict(running) == {a: 2, b: 2}
+    assert set(b_jobs) <= set(got)

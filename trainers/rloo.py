@@ -1,0 +1,301 @@
+"""REINFORCE Leave-One-Out (RLOO): sample k completions per prompt, score them, and raise the likelihood of
+each completion in proportion to how much better it scored than the mean of its k - 1 siblings
+(Ahmadian et al. 2024, "Back to Basics", eq. 6), with a sequence-level KL penalty in the reward:
+
+    ∇J(θ) = 1/k Σ_i [R(y_i, x) - 1/(k-1) Σ_{j≠i} R(y_j, x)] ∇ log π_θ(y_i | x),
+    R(y, x) = r(y, x) - β Σ_t (log π_old(y_t | x, y_<t) - log π_ref(y_t | x, y_<t))
+
+The whole completion is one action: the importance ratio is of sequence log-probs, clipped as in PPO
+when a rollout is reused for ``num_iterations`` steps (with one step per rollout the ratio is 1 and this
+is plain REINFORCE with the leave-one-out baseline). Each optimizer step of the shared loop
+(``trainers.loop``) samples ``num_generations`` completions for each of
+``batch_size * gradient_accumulation_steps`` prompts.
+
+    python -c "
+    from trainers.rloo import RLOOConfig, train_rloo; from trainers.rewards import build_grader
+    from trainers.rl import RewardSet; from trainers.tiny_model import build_tiny_model
+    rows = [{'prompt': 'The capital of Peru is'}] * 16
+    grader = build_grader({'type': 'string_check', 'name': 'e', 'operation': 'like',
+                           'input': '{{sample.output_text}}', 'reference': 'e'})
+    config = RLOOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/rloo-out', max_steps=10)
+    print(train_rloo(config, rows, rewards=RewardSet.of([grader])))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from trainers.callbacks import TrainingCallbacks, TrainResult
+from trainers.config import RolloutConfig
+from trainers.entry import Rows
+from trainers.grpo import GRPOBatch, group_reward_metrics, nanstd
+from trainers.loop import LossSums, PreparedStep
+from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
+from trainers.rollout import (
+    ReusedRollout,
+    RLPrompt,
+    completion_logps,
+    generate_rollout,
+    micro_batch_spans,
+    reference_logps,
+)
+
+
+@dataclass
+class RLOOConfig(RolloutConfig):
+    """Configuration of an RLOO run: the shared fields of ``trainers.config.RolloutConfig``, plus
+
+    Method:
+        num_generations: completions sampled per prompt (k); each one's baseline is the mean reward of
+            the other k - 1.
+        beta: coefficient of the KL penalty subtracted from each completion's reward (the summed
+            per-token log-ratio to the reference, as in the paper); 0 skips the reference entirely.
+            The reference is the base model: the adapter disabled for LoRA, a frozen copy otherwise.
+        epsilon, epsilon_high: the sequence ratio is clipped to [1 - epsilon, 1 + epsilon_high]
+            (epsilon_high None: epsilon); it matters only with ``num_iterations`` > 1.
+        num_iterations: optimizer steps per rollout; > 1 keeps the rollout's log-probs as π_old.
+        normalize_advantages: whiten the advantages over the step's completions.
+        mask_truncated_completions: completions without EOS get no loss.
+
+    Shared fields as RLOO reads them: ``batch_size`` counts prompts per micro-batch, each with
+    ``num_generations`` completions; validation (``eval_steps``) scores the validation prompts' completions.
+    """
+
+    method: ClassVar[str] = "rloo"
+
+    learning_rate: float = 1e-5
+    num_generations: int = 4
+    beta: float = 0.05
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    num_iterations: int = 1
+    normalize_advantages: bool = False
+    mask_truncated_completions: bool = False
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.beta != 0.0
+
+
+# -- pure functions -------------------------------------------------------------------------------------
+def sequence_kl(old_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(y) = Σ_t (log π_old(y_t) - log π_ref(y_t)) over each completion's tokens: the paper's
+    first-order estimate (Ahmadian et al. 2024, §3), which can be negative per token, unlike GRPO's k3.
+
+    old_logps, ref_logps, mask: [N, T]. Returns [N].
+
+    >>> sequence_kl(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2))
+    tensor([-0.5000])
+    """
+    return ((old_logps - ref_logps) * mask.to(old_logps.dtype)).sum(dim=1)
+
+
+def rloo_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    *,
+    kl: torch.Tensor | None = None,
+    beta: float = 0.0,
+    normalize: bool = False,
+) -> torch.Tensor:
+    """Leave-one-out advantages (Ahmadian et al. 2024, eq. 6) of the KL-penalised rewards:
+
+        R_i = r_i - β KL_i,    A_i = R_i - 1/(k-1) Σ_{j≠i} R_j
+
+    rewards: [B * k], each prompt's k rewards adjacent; NaN for a completion no reward function scored.
+    kl: [B * k] (``sequence_kl``), needed when β > 0. The baseline averages the scored siblings only; a
+    NaN reward, or one whose group has no other scored completion, gets advantage 0. ``normalize``: then
+    (A - mean A) / (std A + 1e-4) over the batch's scored completions, as TRL's ``normalize_advantages``.
+    Returns [B * k].
+
+    >>> rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 3.0, 3.0, float("nan")]), 3)
+    tensor([ 1.0000, -0.5000, -0.5000,  0.0000,  0.0000,  0.0000])
+    """
+    if beta != 0.0:
+        if kl is None:
+            raise ValueError("beta > 0 needs the completions' KL to the reference")
+        rewards = rewards - beta * kl
+    grouped = rewards.view(-1, num_generations)
+    scored = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
+    others = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (scored - 1)
+    advantages = rewards - others.view(-1)
+    if normalize:
+        advantages = (advantages - torch.nanmean(advantages)) / (nanstd(advantages) + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+@dataclass(frozen=True)
+class RLOOLossTerms:
+    """Sums over a batch's sequences; ``loss = loss_sum / n_sequences``."""
+
+    loss_sum: torch.Tensor  # scalar, differentiable
+    clip_sum: torch.Tensor  # sequences whose ratio was clipped in the direction of the advantage
+
+
+def rloo_loss_terms(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon: float,
+    epsilon_high: float | None,
+) -> RLOOLossTerms:
+    """The clipped REINFORCE surrogate on whole sequences, summed over the batch.
+
+    logps, mask: [N, T] per-token log-probs under π_θ and the completion mask; old_logps: [N] summed
+    log-probs under the sampling policy; advantages: [N]. With ρ = exp(Σ_t logp_t - old_logp):
+
+        l = -min(ρ A, clip(ρ, 1 - ε, 1 + ε_high) A)
+
+    whose gradient at ρ = 1 is -A ∇ log π_θ(y | x), the leave-one-out REINFORCE estimator.
+    """
+    high = epsilon if epsilon_high is None else epsilon_high
+    seq_logps = (logps * mask.to(logps.dtype)).sum(dim=1)
+    ratio = torch.exp(seq_logps - old_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + high)
+    per_sequence = -torch.min(ratio * advantages, clipped * advantages)
+    is_clipped = ((ratio < 1 - epsilon) & (advantages < 0)) | ((ratio > 1 + high) & (advantages > 0))
+    return RLOOLossTerms(loss_sum=per_sequence.sum(), clip_sum=is_clipped.sum().detach().to(logps.dtype))
+
+
+def rloo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """RLOO loss of one batch, the mean over its sequences (shapes as ``rloo_loss_terms``), and its
+    ``clip_ratio`` (the fraction of sequences clipped).
+
+    >>> lp, mask = torch.zeros(2, 3), torch.ones(2, 3)
+    >>> loss, m = rloo_loss(lp, lp.sum(1), torch.tensor([1.0, -1.0]), mask)
+    >>> float(loss), m["clip_ratio"]
+    (0.0, 0.0)
+    """
+    terms = rloo_loss_terms(logps, old_logps, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high)
+    n = max(1, logps.size(0))
+    return terms.loss_sum / n, {"clip_ratio": float(terms.clip_sum) / n}
+
+
+# -- the method -----------------------------------------------------------------------------------------
+def rloo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: RLOOConfig) -> LossSums:
+    """Summed RLOO loss of a micro-batch (one unit per completion), with its clipped-sequence count and
+    entropy sum scaled to a token mean."""
+    logps, entropy = completion_logps(
+        model,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+        temperature=config.temperature,
+    )
+    mask = batch.completion_mask.to(logps.dtype)
+    old = batch.old_logps if batch.old_logps is not None else logps.detach()
+    terms = rloo_loss_terms(
+        logps,
+        (old * mask).sum(dim=1),
+        batch.advantages,
+        mask,
+        epsilon=config.epsilon,
+        epsilon_high=config.epsilon_high,
+    )
+    metrics = {
+        "clip_ratio": float(terms.clip_sum),
+        "entropy": float((entropy * mask).sum()) * batch.metric_scale,
+    }
+    return LossSums(loss=terms.loss_sum, metrics=metrics)
+
+
+class RLOORollouts(ReusedRollout[GRPOBatch]):
+    """The loop's ``StepPreparer`` for RLOO: sample k completions per prompt, score them, subtract the
+    KL penalty, take leave-one-out advantages, split into micro-batches (``GRPOBatch``: the same tensors)."""
+
+    def __init__(
+        self,
+        config: RLOOConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        rewards: RewardSet,
+        reference: torch.nn.Module | None,
+    ) -> None:
+        super().__init__(GRPOBatch, config.num_iterations)
+        self.config, self.tokenizer, self.rewards, self.reference = config, tokenizer, rewards, reference
+
+    def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[GRPOBatch]:
+        c, k = self.config, self.config.num_generations
+        seed = int(torch.randint(0, 2**62, (1,)).item())  # from the loop's RNG: resumes draw the same
+        rollout = generate_rollout(
+            model,
+            self.tokenizer,
+            [p for group in examples for p in group],
+            num_generations=k,
+            max_completion_length=c.max_completion_length,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            seed=seed,
+        )
+        scores = self.rewards.score(rollout.prompts, rollout.completions, rollout.columns)
+        loss_mask = rollout.loss_mask(c.mask_truncated_completions)
+        spans = micro_batch_spans([len(group) * k for group in examples])
+        parts, olds, kls = [], [], []
+        for rows in spans:
+            part = rollout.select(rows)
+            old = None
+            if c.num_iterations > 1 or c.beta != 0.0:
+                with torch.no_grad():
+                    old = completion_logps(model, *part.inputs, temperature=c.temperature)[0]
+            if c.beta != 0.0:
+                assert old is not None
+                ref = reference_logps(model, self.reference, *part.inputs, temperature=c.temperature)
+                kls.append(sequence_kl(old, ref, loss_mask[rows, : part.width]).cpu())
+            parts.append(part)
+            olds.append(old if c.num_iterations > 1 else None)
+        kl = torch.cat(kls) if kls else None
+        advantages = rloo_advantages(scores.total, k, kl=kl, beta=c.beta, normalize=c.normalize_advantages)
+        device = rollout.completion_ids.device
+        step_tokens = max(1, int(loss_mask.sum()))
+        batches = [
+            GRPOBatch(
+                prompt_ids=part.prompt_ids,
+                prompt_mask=part.prompt_mask,
+                completion_ids=part.completion_ids,
+                completion_mask=loss_mask[rows, : part.width],
+                advantages=advantages[rows].to(device),
+                old_logps=old,
+                ref_logps=None,
+                loss_units=rows.stop - rows.start,
+                metric_scale=len(rollout.completions) / step_tokens,
+            )
+            for rows, part, old in zip(spans, parts, olds, strict=True)
+        ]
+        metrics = {
+            **group_reward_metrics(scores.total, k),
+            **completion_metrics(rollout.completion_mask, rollout.truncated),
+            **scores.metrics(),
+        }
+        if kl is not None:
+            metrics["kl"] = float(kl.sum()) / step_tokens
+        return PreparedStep(batches, metrics)
+
+
+# -- entry point ----------------------------------------------------------------------------------------
+def train_rloo(
+    config: RLOOConfig,
+    train_rows: Rows,
+    valid_rows: Rows | None = None,
+    callbacks: TrainingCallbacks | None = None,
+    *,
+    rewards: RewardSet | None = None,
+) -> TrainResult:
+    """Train ``config.model_path`` with RLOO on the prompts of ``train_rows``, rewarded by ``rewards``."""
+    return train_on_rollouts(
+        config, train_rows, valid_rows, callbacks, rewards, RLOORollouts, rloo_batch_loss
+    )

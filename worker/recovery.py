@@ -1,0 +1,99 @@
+"""What happens to a job whose run ended without an outcome: a crash is a bounded restart, a
+shutdown or a pause is a hand-back. Both go back to the queue through service.jobs.dispatch.requeue,
+and resume from the job's latest checkpoint (worker/job_process.py).
+"""
+
+from __future__ import annotations
+
+import signal
+
+from sqlalchemy import ColumnElement, select, update
+from sqlalchemy.orm import Session
+
+from service.ids import now
+from service.jobs.dispatch import requeue
+from service.jobs.events import add_event
+from service.models import Job
+
+# SIGKILL is what the kernel's OOM killer sends; say so, it is the likely cause
+_SIGNAL_HINTS = {signal.SIGKILL: " (out of memory, or killed by an operator)"}
+
+
+def held_by(worker_id: str) -> ColumnElement[bool]:
+    """The job is running under this worker's lease."""
+    return (Job.status == "running") & (Job.worker_id == worker_id)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode)
+        except ValueError:
+            return f"the trainer process was killed by signal {-returncode}"
+        return f"the trainer process was killed by {sig.name}{_SIGNAL_HINTS.get(sig, '')}"
+    return f"the trainer process exited with code {returncode}"
+
+
+def restart_or_fail(
+    session: Session, *, job_id: str, expect: ColumnElement[bool], cause: str, max_restarts: int
+) -> str | None:
+    """A run of the job died: queue it again (a charged restart) or, once it has been restarted
+    `max_restarts` times, fail it with fault `system`. Returns the new status; None if `expect` no
+    longer holds (the job was cancelled or taken over meanwhile: nothing to do)."""
+    status = requeue(session, job_id=job_id, expect=expect & (Job.restarts < max_restarts), restart=True)
+    if status is not None:
+        n = session.scalar(select(Job.restarts).where(Job.id == job_id))
+        then = "it resumes from its latest checkpoint" if status == "queued" else "it was being paused"
+        add_event(
+            session,
+            job_id,
+            f"Job restarted ({n} of {max_restarts}): {cause}; {then}",
+            level="warn",
+            data={
+                "kind": "job.restarted",
+                "status": status,
+                "cause": cause,
+                "restart": n,
+                "max_restarts": max_restarts,
+            },
+        )
+        return status
+    message = f"{cause}; gave up after {max_restarts} restart(s)"
+    error = {"code": "internal_error", "message": message, "param": None, "fault": "system"}
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, expect)
+        .values(status="failed", finished_at=now(), error=error, pause_requested=False)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(result, "rowcount", 0) != 1:
+        return None
+    add_event(
+        session,
+        job_id,
+        f"Job failed: {message}",
+        level="error",
+        data={"kind": "job.failed", "status": "failed", "code": "internal_error", "fault": "system"},
+    )
+    return "failed"
+
+
+def hand_back(session: Session, *, job_id: str, worker_id: str, why: str) -> str | None:
+    """Our run stopped on purpose (a pause, the worker shutting down): back to the queue, or to `paused`
+    if a pause was requested. Not a restart: nothing is charged."""
+    status = requeue(session, job_id=job_id, expect=held_by(worker_id))
+    if status == "paused":
+        add_event(
+            session,
+            job_id,
+            f"Job paused: {why}; resume it to continue",
+            data={"kind": "job.paused", "status": "paused"},
+        )
+    elif status == "queued":
+        add_event(
+            session,
+            job_id,
+            f"Job handed back to the queue: {why}",
+            data={"kind": "job.handed_back", "status": "queued", "worker": worker_id},
+        )
+    return status
