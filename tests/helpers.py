@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -114,3 +115,17 @@ def stored_counts(tenant_id: str) -> dict[str, int]:
     root = get_settings().data_dir / "blobs" / "files" / tenant_id
     counts["blobs"] = sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
     return counts
+
+
+def trainer_pid(job_id: str) -> int | None:
+    """The per-job trainer process (`python -m worker.job_process JOB_ID ...`) of this job, if alive."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker.job_process" in argv and job_id.encode() in argv:
+            return int(entry.name)
+    return None

@@ -10,6 +10,7 @@ fault. The test prints its timings (`-s` shows them).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import httpx
 import pytest
 
 from tests.conftest import REDIS, _stop, start_server
-from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, trainer_pid, upload_ok, wait_for
 from tests.s3_server import S3Server, start_s3_server
 
 BUCKET = "tunehouse-e2e"
@@ -116,15 +117,21 @@ def test_upload_job_checkpoint_resume_download_on_s3(s3_stack: S3Stack, client: 
     assert _object(s3_stack, file_key)["ContentLength"] == client.get(f"/v1/files/{file_id}").json()["bytes"]
     t_upload = time.monotonic() - t0
 
-    # paused once it trains: its checkpoint goes to S3, and the resumed run (a fresh trainer process
-    # with an empty scratch dir) can only get it back from there
+    # paused as soon as its trainer runs (at step 0: the trainer asks before each step): that
+    # checkpoint goes to S3, and the resumed run (a fresh trainer process with an empty scratch dir) can
+    # only get it back from there. The trainer is held (SIGSTOP) while the pause is asked, so a fast
+    # machine cannot train all 8 steps first (CI once did: the pause came too late).
     job_id = _job(client, file_id, n_epochs=2, save_steps=4)
     deadline = time.monotonic() + 180
-    while client.get(f"/v1/fine_tuning/jobs/{job_id}").json().get("current_step", 0) < 2:
-        assert time.monotonic() < deadline, "the job did not start"
-        time.sleep(0.2)
+    while (pid := trainer_pid(job_id)) is None:
+        assert time.monotonic() < deadline, "the job's trainer did not start"
+        time.sleep(0.05)
     t_started = time.monotonic() - t0
-    assert client.post(f"/v1/fine_tuning/jobs/{job_id}/pause").status_code == 200
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert client.post(f"/v1/fine_tuning/jobs/{job_id}/pause").status_code == 200
+    finally:
+        os.kill(pid, signal.SIGCONT)
     paused = wait_for(client, job_id, statuses=("paused", "succeeded", "failed"))
     assert paused["status"] == "paused", paused
     t_paused = time.monotonic() - t0

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.faults.servers import FaultStack, postgres_server, redis_server
-from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, trainer_pid, upload_ok, wait_for
 
 MODEL = "tunehouse/tiny-llama"
 SETTINGS = {"TUNEHOUSE_CHECKPOINT_MINUTES": "0.02", "TUNEHOUSE_MAX_RESTARTS": "1"}
@@ -91,20 +91,6 @@ def _until(check: Any, what: str, timeout: float = 180) -> Any:
     return result
 
 
-def _trainer_pid(job_id: str) -> int | None:
-    """The per-job trainer process (`python -m worker.job_process JOB_ID ...`) of this job, if alive."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"worker.job_process" in argv and job_id.encode() in argv:
-            return int(entry.name)
-    return None
-
-
 def _checkpoint_steps(client: httpx.Client, job_id: str) -> list[int]:
     data = client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()["data"]
     return sorted(c["step_number"] for c in data if not c["is_final"])
@@ -128,7 +114,7 @@ def _cancel_after(client: httpx.Client, job_id: str, step: int) -> None:
     """Let a long job train past `step`, then cancel it: the tests need its first steps only."""
     _until(lambda: _step(client, job_id) > step, f"step {step}")
     assert client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").json()["status"] == "cancelled"
-    _until(lambda: _trainer_pid(job_id) is None, "the trainer to stop", timeout=60)
+    _until(lambda: trainer_pid(job_id) is None, "the trainer to stop", timeout=60)
 
 
 def _resumed_at(events: list[dict[str, Any]]) -> list[int]:
@@ -186,7 +172,7 @@ def test_killed_trainer_resumes_from_time_checkpoint_until_restarts_run_out(reco
     client = recovery.client
     job_id = _create(client)  # no save_steps: only the time-based default saves it
     _until(lambda: _checkpoint_steps(client, job_id), "a time-based checkpoint")
-    first = _until(lambda: _trainer_pid(job_id), "the trainer")
+    first = _until(lambda: trainer_pid(job_id), "the trainer")
     os.kill(first, signal.SIGKILL)
     _until(lambda: _resumed_at(_events(client, job_id)), "the restarted run to resume")
     resumed_at = _resumed_at(_events(client, job_id))[0]
@@ -194,7 +180,7 @@ def test_killed_trainer_resumes_from_time_checkpoint_until_restarts_run_out(reco
     _until(lambda: _step(client, job_id) > resumed_at + 1, "progress after the restart")
 
     # TUNEHOUSE_MAX_RESTARTS=1: the second death of the same job fails it, the system's fault
-    second = _until(lambda: (pid := _trainer_pid(job_id)) != first and pid, "the restarted trainer")
+    second = _until(lambda: (pid := trainer_pid(job_id)) != first and pid, "the restarted trainer")
     os.kill(second, signal.SIGKILL)
     job = wait_for(client, job_id, timeout=120)
     assert job["status"] == "failed"
@@ -223,7 +209,7 @@ def test_pause_then_resume_repeats_the_uninterrupted_losses(
     assert asked.json()["status"] == "running"  # it checkpoints at its next step, then it is paused
     paused = wait_for(client, job_id, ("paused", "succeeded", "failed"), timeout=60)
     assert paused["status"] == "paused", paused
-    _until(lambda: _trainer_pid(job_id) is None, "the trainer to exit", timeout=30)
+    _until(lambda: trainer_pid(job_id) is None, "the trainer to exit", timeout=30)
     at = paused["current_step"]
     assert _checkpoint_steps(client, job_id)[-1] == at
     conflict = client.post(f"{url}/pause")

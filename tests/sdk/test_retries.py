@@ -57,7 +57,14 @@ def scripted() -> Iterator[tuple[str, Script]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        # server_close() joins the handler threads, so each closes its connection before the test
+        # ends (daemon threads left a socket to the garbage collector: a ResourceWarning, once in CI)
+        daemon_threads = False
+        block_on_close = True
+
+    Handler.timeout = 10  # an idle keep-alive connection cannot hold server_close() longer than this
+    server = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", script
