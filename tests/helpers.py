@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy.orm import sessionmaker
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -129,3 +132,31 @@ def trainer_pid(job_id: str) -> int | None:
         if b"worker.job_process" in argv and job_id.encode() in argv:
             return int(entry.name)
     return None
+
+
+@contextmanager
+def own_database(suffix: str) -> Iterator[sessionmaker[Any]]:
+    """A fresh, migrated PostgreSQL database `<test database>_<suffix>` for one test module, dropped
+    after. For rows the e2e stack's long-lived worker must not see: its reconciler and claims would race
+    the module's own queued or stale rows in the shared database."""
+    from sqlalchemy import create_engine, text
+
+    from service.db import make_engine
+    from service.migrate import upgrade_head
+    from tests.conftest import PG_DATABASE, PG_SERVER
+
+    name = f"{PG_DATABASE}_{suffix}"
+    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = f"{PG_SERVER}/{name}"
+    upgrade_head(url)
+    engine = make_engine(url)
+    try:
+        yield sessionmaker(bind=engine, expire_on_commit=False)
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

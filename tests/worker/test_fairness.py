@@ -12,35 +12,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import sessionmaker
 
 import service.db
-from service.db import make_engine, session_scope
+from service.db import session_scope
 from service.ids import new_id
 from service.jobs.fairness import fair_order, queue_positions
-from service.migrate import upgrade_head
 from service.models import Job, Tenant
-from tests.conftest import PG_DATABASE, PG_SERVER
+from tests.helpers import own_database
 from worker import lease
-
-OWN_DATABASE = f"{PG_DATABASE}_fair"
 
 
 @pytest.fixture(scope="module")
 def _own_database() -> Iterator[sessionmaker[Any]]:
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}"'))
-        conn.execute(text(f'CREATE DATABASE "{OWN_DATABASE}"'))
-    url = f"{PG_SERVER}/{OWN_DATABASE}"
-    upgrade_head(url)
-    engine = make_engine(url)
-    yield sessionmaker(bind=engine, expire_on_commit=False)
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}" WITH (FORCE)'))
-    admin.dispose()
+    with own_database("fair") as sessions:
+        yield sessions
 
 
 @pytest.fixture(autouse=True)

@@ -17,40 +17,29 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, select, text, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import sessionmaker
 
 import service.db
 from service.config import Settings
-from service.db import make_engine, session_scope
+from service.db import session_scope
 from service.ids import new_id
 from service.jobs.events import add_event
-from service.migrate import upgrade_head
 from service.models import Job, Tenant, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from service.webhooks.signing import new_secret
-from tests.conftest import PG_DATABASE, PG_SERVER, free_port
+from tests.conftest import free_port
+from tests.helpers import own_database
 from tests.webhook_receiver import Receiver, start_receiver
 from worker.webhooks import backoff_seconds, deliver_due
 
-OWN_DATABASE = f"{PG_DATABASE}_webhooks"
 # retries are made due by hand (below), never by sleeping: a long backoff keeps them out of the way
 SETTINGS = Settings(webhook_backoff_seconds=60, webhook_max_attempts=3, webhook_timeout_seconds=5)
 
 
 @pytest.fixture(scope="module")
 def _own_database() -> Iterator[sessionmaker[Any]]:
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}"'))
-        conn.execute(text(f'CREATE DATABASE "{OWN_DATABASE}"'))
-    url = f"{PG_SERVER}/{OWN_DATABASE}"
-    upgrade_head(url)
-    engine = make_engine(url)
-    yield sessionmaker(bind=engine, expire_on_commit=False)
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{OWN_DATABASE}" WITH (FORCE)'))
-    admin.dispose()
+    with own_database("webhooks") as sessions:
+        yield sessions
 
 
 @pytest.fixture(autouse=True)
