@@ -38,16 +38,21 @@ def wait_metrics(client: httpx.Client, job_id: str, at_least: int, timeout: floa
         time.sleep(0.2)
 
 
-def assert_ran_once(client: httpx.Client, job_id: str) -> dict[str, Any]:
-    """Succeeded, started exactly once, and every step 1..total_steps recorded exactly once."""
+def assert_ran_once(client: httpx.Client, job_id: str, status: str = "succeeded") -> dict[str, Any]:
+    """Ended in `status`, started exactly once, and every step it trained recorded exactly once: all
+    of 1..total_steps once it succeeded, 1..current_step for a job stopped early."""
     job: dict[str, Any] = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
-    assert job["status"] == "succeeded", job
+    assert job["status"] == status, job
     events = [e["message"] for e in all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/events")]
     starts = [m for m in events if m.startswith("Job started on worker")]
     assert len(starts) == 1, starts
     steps = [m["step"] for m in all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/metrics")]
-    assert steps == list(range(1, job["total_steps"] + 1)), steps
+    assert steps == list(range(1, _steps_trained(job) + 1)), steps
     return job
+
+
+def _steps_trained(job: dict[str, Any]) -> int:
+    return int(job["total_steps"] if job["status"] == "succeeded" else job["current_step"])
 
 
 @dataclass
@@ -89,7 +94,7 @@ class StreamReader:
         assert isinstance(items[-1], tunehouse.StreamEnd), items[-3:]
         job = client.get(f"/v1/fine_tuning/jobs/{self.job_id}").json()
         steps = [i.step for i in items if isinstance(i, tunehouse.MetricRow)]
-        assert steps == list(range(1, job["total_steps"] + 1)), steps
+        assert steps == list(range(1, _steps_trained(job) + 1)), steps
         streamed = [i.id for i in items if isinstance(i, tunehouse.JobEvent)]
         recorded = [e["id"] for e in all_pages(client, f"/v1/fine_tuning/jobs/{self.job_id}/events")]
         assert sorted(streamed) == sorted(recorded)

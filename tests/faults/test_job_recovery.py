@@ -131,7 +131,7 @@ class CreatedWhileDown:
 
 
 # how far the job created during the outage trains (uninterrupted): the pause test's reference
-REFERENCE_STEPS = 24
+REFERENCE_STEPS = 60
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +233,12 @@ def test_pause_then_resume_repeats_the_uninterrupted_losses(
     resumed = _assert_complete_record(client, job_id)
 
     reference = all_pages(client, f"/v1/fine_tuning/jobs/{created_while_broker_down.job_id}/metrics")
-    assert len(reference) > len(resumed) > at + 2
-    assert [m["loss"] for m in resumed] == pytest.approx(
-        [m["loss"] for m in reference][: len(resumed)], abs=1e-6
+    # both were cancelled, each a few steps past its mark (more on a loaded machine): compare the steps
+    # both have, which must reach past the resume point
+    common = min(len(reference), len(resumed))
+    assert common > at + 2, (len(reference), len(resumed), at)
+    assert [m["loss"] for m in resumed][:common] == pytest.approx(
+        [m["loss"] for m in reference][:common], abs=1e-6
     )
 
 
