@@ -86,6 +86,8 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
         )
     ran: str | None = None
     current = job_id if taken_over else _claim_next(worker_id)
+    if current is None:
+        log.info("run message for %s: no job of queue %s may start; dropped", job_id, settings.job_queue)
     while current is not None:
         status = _run_claimed(current, worker_id=worker_id)
         if current == job_id:

@@ -15,8 +15,15 @@ from tests.conftest import REDIS, _stop, start_server
 from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 
 BROKER = f"{REDIS}/12"
-# a queue of its own too: workers claim any queued job of their queue in the shared database
-ENV = {"TUNEHOUSE_BROKER_URL": BROKER, "TUNEHOUSE_JOB_QUEUE": "tunehouse-crash"}
+ENV = {
+    "TUNEHOUSE_BROKER_URL": BROKER,
+    # a queue of its own too: workers claim any queued job of their queue in the shared database
+    "TUNEHOUSE_JOB_QUEUE": "tunehouse-crash",
+    # the reconciler's re-send, production's backstop for a lost run message (60 s by default; the
+    # suite turns it off), is on here: once in a local CI run the requeued job's message never started
+    # it (cause not found; a stray worker of an earlier, killed run on the same broker is the suspect)
+    "TUNEHOUSE_DISPATCH_TIMEOUT_SECONDS": "30",
+}
 
 
 def _worker() -> subprocess.Popen[bytes]:
