@@ -81,11 +81,16 @@ def _prepare(module: str) -> Path:
     return work
 
 
+# mutmut forks a child per mutant after importing the tests once. A child forked after torch started its
+# OpenMP thread pool can hang in its first parallel op: every mutant the tests did not kill at once then
+# ended as a timeout. One intra-op thread means no pool to inherit.
+SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def _mutmut(work: Path, *args: str, capture: bool = False) -> str:
     exe = Path(sys.executable).with_name("mutmut")
-    out = subprocess.run(
-        [str(exe), *args], cwd=work, text=True, capture_output=capture, check=False, env=os.environ.copy()
-    )
+    env = {**os.environ, **SINGLE_THREADED}
+    out = subprocess.run([str(exe), *args], cwd=work, text=True, capture_output=capture, check=False, env=env)
     return out.stdout if capture else ""
 
 

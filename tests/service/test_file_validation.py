@@ -527,7 +527,7 @@ def test_over_long_line_is_rejected_before_it_ends() -> None:
         for _ in range(10 * limit):
             validator.feed(b"x")
             fed += 1
-    assert fed <= limit + 1
+    assert fed == limit  # the byte after the limit fails: nothing beyond one line's worth is held
     assert_error(info.value, 2, None, "longer than")
 
 
@@ -612,3 +612,273 @@ def test_error_attributes() -> None:
     exc = FileValidationError("line 1: field 'x': bad", line=1, field="x")
     assert (exc.message, exc.line, exc.field) == ("line 1: field 'x': bad", 1, "x")
     assert str(exc) == "line 1: field 'x': bad"
+
+
+# -- what a client reads: exact line, field and message ------------------------------------------------------
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+TOOL_REPLY = {"role": "tool", "content": "r", "tool_call_id": "c1"}
+UNDETECTABLE = (
+    "line 1: cannot detect the example's format: expected 'messages', 'prompt' (and 'completion'), 'text', "
+    "'input'/'preferred_output'/'non_preferred_output', 'prompt'/'chosen'/'rejected' or a boolean 'label' "
+    "(with 'prompt'/'completion' or 'messages') (found keys: "
+)
+SHAPES = "differs from the file's shape"
+EXACT_ERRORS: dict[str, tuple[list[Any], int, str | None, str]] = {
+    "keys beyond eight are elided": (
+        [{f"k{i}": i for i in range(10)}],
+        1,
+        None,
+        UNDETECTABLE + "'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', ...)",
+    ),
+    "no keys": ([{}], 1, None, UNDETECTABLE + "none)"),
+    "a 40-character key is shown whole": ([{"x" * 38: 1}], 1, None, UNDETECTABLE + f"'{'x' * 38}')"),
+    "a 41-character key is cut to 40": ([{"x" * 39: 1}], 1, None, UNDETECTABLE + f"'{'x' * 36}...)"),
+    "'rejected' alone makes a preference pair": (
+        [{"prompt": "p", "rejected": "r"}],
+        1,
+        "chosen",
+        "line 1: field 'chosen': missing",
+    ),
+    "'non_preferred_output' alone makes a preference pair": (
+        [{"input": {"messages": [user()]}, "non_preferred_output": [assistant()]}],
+        1,
+        "preferred_output",
+        "line 1: field 'preferred_output': missing",
+    ),
+    "a name must be a string": (
+        [{"messages": [{**user(), "name": True}, assistant()]}],
+        1,
+        "messages[0].name",
+        "line 1: field 'messages[0].name': expected a string, got boolean",
+    ),
+    "a tool_call_id must be a string": (
+        [
+            {
+                "messages": [
+                    user(),
+                    assistant("", tool_calls=[CALL]),
+                    {**TOOL_REPLY, "tool_call_id": 5},
+                    assistant(),
+                ]
+            }
+        ],
+        1,
+        "messages[2].tool_call_id",
+        "line 1: field 'messages[2].tool_call_id': expected a string, got number",
+    ),
+    "a weight is 0 or 1": (
+        [{"messages": [user(), assistant(weight=2)]}],
+        1,
+        "messages[1].weight",
+        "line 1: field 'messages[1].weight': must be 0 or 1, got 2",
+    ),
+    "an assistant needs content or tool_calls": (
+        [{"messages": [user(), {"role": "assistant"}]}],
+        1,
+        "messages[1].content",
+        "line 1: field 'messages[1].content': missing (an assistant message needs content or tool_calls)",
+    ),
+    "a user needs content": (
+        [{"messages": [{"role": "user"}, assistant()]}],
+        1,
+        "messages[0].content",
+        "line 1: field 'messages[0].content': missing",
+    ),
+    "an empty list of content parts": (
+        [{"messages": [{"role": "user", "content": []}, assistant()]}],
+        1,
+        "messages[0].content",
+        "line 1: field 'messages[0].content': must be a non-empty string or a non-empty list of text parts",
+    ),
+    "a content part must be an object": (
+        [{"messages": [{"role": "user", "content": ["x"]}, assistant()]}],
+        1,
+        "messages[0].content[0]",
+        "line 1: field 'messages[0].content[0]': expected an object, got string",
+    ),
+    "a content part needs a type": (
+        [{"messages": [{"role": "user", "content": [{"text": "x"}]}, assistant()]}],
+        1,
+        "messages[0].content[0].type",
+        "line 1: field 'messages[0].content[0].type': missing",
+    ),
+    "only function tool calls": (
+        [{"messages": [user(), assistant("", tool_calls=[{**CALL, "type": "code"}]), assistant()]}],
+        1,
+        "messages[1].tool_calls[0].type",
+        "line 1: field 'messages[1].tool_calls[0].type': "
+        "unsupported tool call type 'code' (expected 'function')",
+    ),
+    "a tool call needs its function": (
+        [{"messages": [user(), assistant("", tool_calls=[{"id": "c1", "type": "function"}]), assistant()]}],
+        1,
+        "messages[1].tool_calls[0].function",
+        "line 1: field 'messages[1].tool_calls[0].function': missing",
+    ),
+    "tool call arguments are a string or an object": (
+        [
+            {
+                "messages": [
+                    user(),
+                    assistant("", tool_calls=[{**CALL, "function": {"name": "f", "arguments": 3}}]),
+                    assistant(),
+                ]
+            }
+        ],
+        1,
+        "messages[1].tool_calls[0].function.arguments",
+        "line 1: field 'messages[1].tool_calls[0].function.arguments': "
+        "expected a string or an object, got number",
+    ),
+    "empty messages are a prompt without messages": (
+        [{"messages": []}],
+        1,
+        "messages",
+        "line 1: field 'messages': must be a non-empty array",
+    ),
+    "a prompt may not end with the assistant": (
+        [{"messages": [user()]}, {"messages": [user(), assistant()]}],
+        2,
+        "messages[1].role",
+        "line 2: field 'messages[1].role': the last message of a prompt must not be from the assistant",
+    ),
+    "prompt shapes: messages, then prompt": (
+        [{"messages": [user()]}, {"prompt": "p"}],
+        2,
+        None,
+        f"line 2: shape 'prompt' {SHAPES} 'messages' (line 1); use one shape per file",
+    ),
+    "prompt shapes: prompt, then messages": (
+        [{"prompt": "p"}, {"messages": [user()]}],
+        2,
+        None,
+        f"line 2: shape 'messages' {SHAPES} 'prompt' (line 1); use one shape per file",
+    ),
+    "preference shapes: OpenAI's, then pairs": (
+        [PREF_OPENAI, PREF_PAIRS],
+        2,
+        None,
+        f"line 2: shape 'prompt/chosen/rejected' {SHAPES} 'input/preferred_output/non_preferred_output' "
+        "(line 1); use one shape per file",
+    ),
+    "preference shapes: pairs, then OpenAI's": (
+        [PREF_PAIRS, PREF_OPENAI],
+        2,
+        None,
+        f"line 2: shape 'input/preferred_output/non_preferred_output' {SHAPES} 'prompt/chosen/rejected' "
+        "(line 1); use one shape per file",
+    ),
+    "feedback shapes: messages, then prompt/completion": (
+        [FEEDBACK_MESSAGES, FEEDBACK],
+        2,
+        None,
+        f"line 2: shape 'prompt/completion/label' {SHAPES} 'messages/label' (line 1); use one shape per file",
+    ),
+    "feedback shapes: prompt/completion, then messages": (
+        [FEEDBACK, FEEDBACK_MESSAGES],
+        2,
+        None,
+        f"line 2: shape 'messages/label' {SHAPES} 'prompt/completion/label' (line 1); use one shape per file",
+    ),
+    "feedback messages end with the judged completion": (
+        [{"messages": [user(), assistant(), user()], "label": True}],
+        1,
+        "messages[2].role",
+        "line 1: field 'messages[2].role': the last message must be the assistant's judged completion",
+    ),
+    "feedback messages are an array": (
+        [{"messages": "x", "label": True}],
+        1,
+        "messages",
+        "line 1: field 'messages': expected an array, got string",
+    ),
+    "a feedback prompt is text or messages": (
+        [{"prompt": 3, "completion": "c", "label": True}],
+        1,
+        "prompt",
+        "line 1: field 'prompt': expected a non-empty string or a list of messages, got number",
+    ),
+    "a prompt is a string": (
+        [PC, {"prompt": None, "completion": "c"}],
+        2,
+        "prompt",
+        "line 2: field 'prompt': expected a string, got null",
+    ),
+    "a NUL is named with its field": (
+        [{"text": "a\u0000b"}],
+        1,
+        "text",
+        "line 1: field 'text': must not contain a NUL character",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(EXACT_ERRORS))
+def test_exact_error(case: str) -> None:
+    rows, line, field, message = EXACT_ERRORS[case]
+    exc = error(jl(*rows))
+    assert (exc.line, exc.field, str(exc)) == (line, field, message)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        # content next to tool_calls is allowed; so is a tool call without arguments
+        [{"messages": [user(), assistant("calling", tool_calls=[CALL]), TOOL_REPLY, assistant()]}],
+        [
+            {
+                "messages": [
+                    user(),
+                    assistant("", tool_calls=[{**CALL, "function": {"name": "f"}}]),
+                    TOOL_REPLY,
+                    assistant(),
+                ]
+            }
+        ],
+    ],
+)
+def test_tool_call_shapes_that_are_valid(rows: list[Any]) -> None:
+    assert validate(jl(*rows)).format is FileFormat.CHAT
+
+
+def test_feedback_with_both_prompt_and_messages_has_the_prompt_shape() -> None:
+    both = {"messages": [user(), assistant()], **FEEDBACK}
+    assert validate(jl(both, FEEDBACK)).format is FileFormat.UNPAIRED_PREFERENCE
+
+
+def test_invalid_utf8_names_its_byte() -> None:
+    exc = error(b'{"text": "\xc3\x28"}\n')  # byte 11 of the line starts a broken sequence
+    assert str(exc) == "line 1: invalid UTF-8 at byte 11 of the line (invalid continuation byte)"
+
+
+def test_limits_and_misuse_are_refused_with_their_names() -> None:
+    with pytest.raises(ValueError, match=r"^min_examples must be at least 1$"):
+        JsonlValidator(min_examples=0)
+    with pytest.raises(ValueError, match=r"^max_line_bytes must be at least 1$"):
+        JsonlValidator(max_line_bytes=0)
+    assert validate(b'{"text": "x"}\n{"text": "y"}\n', max_line_bytes=14).line_count == 2
+    assert JsonlValidator(max_line_bytes=1).max_line_bytes == 1
+    validator = JsonlValidator()
+    validator.feed(jl(TEXT))
+    validator.finish()
+    with pytest.raises(RuntimeError, match=r"^feed\(\) called after finish\(\)$"):
+        validator.feed(b"x")
+
+
+@pytest.mark.parametrize(("length", "crlf"), [(100, False), (100, True), (101, False), (101, True)])
+def test_line_limit_holds_for_every_chunking(length: int, crlf: bool) -> None:
+    """A line of exactly the limit passes and one byte more fails, wherever the chunks split it."""
+
+    def line(n: int, end: bytes) -> bytes:
+        body = json.dumps({"text": "x" * (n - len('{"text": ""}'))}).encode()
+        assert len(body) == n
+        return body + end
+
+    data = line(100, b"\n") + line(length, b"\r\n" if crlf else b"\n") + line(100, b"\n")
+    for size in range(1, len(data) + 1):
+        got = outcome(data, size, max_line_bytes=100)
+        if length == 100:
+            assert isinstance(got, FileStats) and got.line_count == 3, size
+        else:
+            assert got == ("line 2: line is longer than 100 bytes", 2, None), size

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from trainers.collate import SFTBatch, pad_batch
 from trainers.data import tokenize_sft_rows
-from trainers.losses import IGNORE_INDEX, target_positions
+from trainers.losses import IGNORE_INDEX, target_positions, token_cross_entropy
 from trainers.sft import sft_loss
 
 
@@ -104,3 +104,24 @@ def test_sft_loss_equals_trl(
         our_loss = sft_loss(load(tiny_model_path), batch).loss.item() / batch.n_targets
     assert math.isfinite(our_loss)
     assert our_loss == pytest.approx(trl_loss, abs=1e-5)
+
+
+def test_token_cross_entropy_shifts_labels_by_one() -> None:
+    """The unshifted-labels entry point (ORPO's NLL term uses it) against a per-token loop: the logits at
+    position t - 1 are scored against the label at t; IGNORE_INDEX positions count nowhere."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=generator)
+    labels = torch.tensor([[3, 1, IGNORE_INDEX, 6, 0], [IGNORE_INDEX, IGNORE_INDEX, 2, 2, IGNORE_INDEX]])
+    sums = token_cross_entropy(logits, labels)
+    expected, count, correct = 0.0, 0, 0
+    for row in range(2):
+        log_probs = torch.log_softmax(logits[row].double(), dim=-1)
+        for t in range(1, 5):
+            target = int(labels[row, t])
+            if target != IGNORE_INDEX:
+                expected -= float(log_probs[t - 1, target])
+                count += 1
+                correct += int(int(logits[row, t - 1].argmax()) == target)
+    assert sums.n_tokens == count == 5  # labels[:, 0] is never a target: nothing predicts it
+    assert sums.loss_sum.item() == pytest.approx(expected, abs=1e-5)
+    assert int(sums.n_correct) == correct

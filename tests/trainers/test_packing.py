@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder
 from trainers.collate import SFTBatch, best_fit_decreasing, pack_batch, pad_batch
-from trainers.data import tokenize_sft_rows
-from trainers.losses import target_positions, token_cross_entropy
+from trainers.data import TokenizedExample, tokenize_sft_rows
+from trainers.losses import IGNORE_INDEX, target_positions, token_cross_entropy
 from trainers.sft import SFTConfig, sft_loss, train_sft
 
 
@@ -136,3 +136,50 @@ def test_packed_training_matches_padded_training(
     assert packed.losses == pytest.approx(padded.losses, abs=1e-5)
     assert packed.evals[-1]["valid_loss"] == pytest.approx(padded.evals[-1]["valid_loss"], abs=1e-5)
     assert [r["trained_tokens"] for r in packed.steps] == [r["trained_tokens"] for r in padded.steps]
+
+
+def _hand_built() -> list[TokenizedExample]:
+    # every token marked trainable: only the first of each example must lose its target
+    return [TokenizedExample([5, 6, 7, 8], [True] * 4), TokenizedExample([9, 10], [False, True])]
+
+
+@pytest.mark.parametrize("collate", ["pad", "pack"])
+def test_first_token_has_no_target_and_tensors_are_integer(collate: str) -> None:
+    examples = _hand_built()
+    if collate == "pad":
+        batch = pad_batch(examples, pad_token_id=0)
+        rows = [batch.labels[0].tolist(), batch.labels[1].tolist()]
+        assert rows == [[IGNORE_INDEX, 6, 7, 8], [IGNORE_INDEX, 10, IGNORE_INDEX, IGNORE_INDEX]]
+        assert batch.attention_mask is not None and batch.attention_mask.dtype == torch.long
+        assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    else:
+        batch = pack_batch(examples, pad_token_id=0, max_length=8)
+        assert batch.labels.tolist() == [[IGNORE_INDEX, 6, 7, 8, IGNORE_INDEX, 10]]
+        assert batch.position_ids is not None
+        assert batch.position_ids.tolist() == [[0, 1, 2, 3, 0, 1]]
+        assert batch.position_ids.dtype == torch.long  # models index embeddings with them
+    assert batch.n_targets == 4
+    assert batch.input_ids.dtype == batch.labels.dtype == torch.long
+
+
+def test_mismatched_mask_is_refused() -> None:
+    with pytest.raises(ValueError):
+        pad_batch([TokenizedExample([1, 2, 3], [True, True])], pad_token_id=0)
+
+
+@pytest.mark.parametrize("collate", ["pad", "pack"])
+def test_to_moves_every_tensor_and_keeps_the_rest(collate: str) -> None:
+    examples = _hand_built()
+    batch = (
+        pad_batch(examples, pad_token_id=0)
+        if collate == "pad"
+        else pack_batch(examples, pad_token_id=0, max_length=8)
+    )
+    moved = batch.to(torch.device("meta"))  # a device tensors visibly change to, without a GPU
+    tensors = ("input_ids", "labels", "attention_mask", "position_ids", "logit_positions")
+    for name in tensors:
+        before, after = getattr(batch, name), getattr(moved, name)
+        assert (before is None) == (after is None), name
+        if before is not None:
+            assert after.device.type == "meta" and after.shape == before.shape, name
+    assert (moved.n_targets, moved.n_inputs) == (batch.n_targets, batch.n_inputs)
