@@ -805,6 +805,36 @@ EXACT_ERRORS: dict[str, tuple[list[Any], int, str | None, str]] = {
         "prompt",
         "line 2: field 'prompt': expected a string, got null",
     ),
+    "a chat example needs an assistant message": (
+        [CHAT, {"messages": [user(), user()]}],
+        2,
+        "messages",
+        "line 2: field 'messages': no assistant message (a chat example needs at least one)",
+    ),
+    "a text part needs its text": (
+        [{"messages": [{"role": "user", "content": [{"type": "text"}]}, assistant()]}],
+        1,
+        "messages[0].content[0].text",
+        "line 1: field 'messages[0].content[0].text': missing",
+    ),
+    "a tool call's function is an object": (
+        [{"messages": [user(), assistant("", tool_calls=[{**CALL, "function": "f"}]), assistant()]}],
+        1,
+        "messages[1].tool_calls[0].function",
+        "line 1: field 'messages[1].tool_calls[0].function': expected an object, got string",
+    ),
+    "a tool call's function name is a string": (
+        [{"messages": [user(), assistant("", tool_calls=[{**CALL, "function": {"name": 5}}]), assistant()]}],
+        1,
+        "messages[1].tool_calls[0].function.name",
+        "line 1: field 'messages[1].tool_calls[0].function.name': expected a string, got number",
+    ),
+    "feedback messages need the prompt before the completion": (
+        [{"messages": [assistant()], "label": True}],
+        1,
+        "messages",
+        "line 1: field 'messages': needs the prompt's messages before the assistant's completion",
+    ),
     "a NUL is named with its field": (
         [{"text": "a\u0000b"}],
         1,
@@ -842,9 +872,11 @@ def test_tool_call_shapes_that_are_valid(rows: list[Any]) -> None:
     assert validate(jl(*rows)).format is FileFormat.CHAT
 
 
-def test_feedback_with_both_prompt_and_messages_has_the_prompt_shape() -> None:
+def test_feedback_with_both_prompt_and_messages_is_read_by_its_prompt() -> None:
     both = {"messages": [user(), assistant()], **FEEDBACK}
     assert validate(jl(both, FEEDBACK)).format is FileFormat.UNPAIRED_PREFERENCE
+    # its prompt/completion are what is checked: messages that would be refused alone are not looked at
+    assert validate(jl({"messages": [assistant()], **FEEDBACK})).line_count == 1
 
 
 def test_invalid_utf8_names_its_byte() -> None:
