@@ -835,6 +835,18 @@ EXACT_ERRORS: dict[str, tuple[list[Any], int, str | None, str]] = {
         "messages",
         "line 1: field 'messages': needs the prompt's messages before the assistant's completion",
     ),
+    "content is a non-empty string": (
+        [{"messages": [user(""), assistant()]}],
+        1,
+        "messages[0].content",
+        "line 1: field 'messages[0].content': must be a non-empty string",
+    ),
+    "a tool call is an object": (
+        [{"messages": [user(), assistant("", tool_calls=["f"]), assistant()]}],
+        1,
+        "messages[1].tool_calls[0]",
+        "line 1: field 'messages[1].tool_calls[0]': expected an object, got string",
+    ),
     "a NUL is named with its field": (
         [{"text": "a\u0000b"}],
         1,
