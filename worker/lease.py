@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from service.db import session_scope
 from service.ids import now
 from service.jobs.fairness import fair_order
+from service.jobs.schemas import TERMINAL_STATUSES
 from service.models import Job, Tenant
 
 
@@ -72,6 +73,18 @@ def finish(session: Session, *, job_id: str, worker_id: str, status: str, **valu
         update(Job)
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == "running")
         .values(status=status, finished_at=now(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def release(session: Session, *, job_id: str, worker_id: str) -> bool:
+    """Our trainer has exited and the job ended (a cancel, decided by the API while it ran): clear the
+    holder, which tells streams that nothing more will be written (service/jobs/stream.py)."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status.in_(TERMINAL_STATUSES))
+        .values(worker_id=None)
         .execution_options(synchronize_session=False)
     )
     return bool(getattr(result, "rowcount", 0) == 1)

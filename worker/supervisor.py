@@ -176,5 +176,12 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
                     cause=describe_exit(proc.returncode),
                     max_restarts=settings.max_restarts,
                 )
+    try:
+        with session_scope() as session:
+            lease.release(session, job_id=job_id, worker_id=worker_id)
+    except Exception as exc:  # the job's streams then end a lease timeout after its last heartbeat
+        if not is_outage(exc):
+            raise
+        log.warning("job %s: could not release it, database unavailable", job_id)
     with session_scope() as session:
         return session.scalar(select(Job.status).where(Job.id == job_id))

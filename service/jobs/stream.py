@@ -84,7 +84,23 @@ def _frame(event: str, cursor: Cursor, data: dict[str, Any]) -> bytes:
     return f"event: {event}\nid: {cursor}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def _read_since(job_id: str, cursor: Cursor) -> tuple[list[JobEvent], list[JobMetric], str]:
+def _settled(status: str, worker_id: str | None, heartbeat_at: float | None, lease_timeout: float) -> bool:
+    """Whether nothing more will be written for a job in `status`. A trainer writes its own final
+    status last, but a cancel comes from the API while the trainer may still run: it writes its last
+    rows and a "Training stopped" event within a control poll, then its worker releases the job
+    (`worker/lease.py` `release`). A job whose worker died meanwhile counts as settled once its last
+    heartbeat is a lease timeout old."""
+    if status not in TERMINAL_STATUSES:
+        return False
+    if status != "cancelled" or worker_id is None:
+        return True
+    return heartbeat_at is None or heartbeat_at < time.time() - lease_timeout
+
+
+def _read_since(
+    job_id: str, cursor: Cursor, lease_timeout: float
+) -> tuple[list[JobEvent], list[JobMetric], str, bool]:
+    """New events and metric rows after `cursor`, the job's status, and whether it is settled."""
     with get_sessionmaker()() as session:
         events = list(
             session.scalars(
@@ -102,8 +118,13 @@ def _read_since(job_id: str, cursor: Cursor) -> tuple[list[JobEvent], list[JobMe
                 .limit(1000)
             )
         )
-        status = session.scalar(select(Job.status).where(Job.id == job_id)) or "failed"
-    return events, metrics, status
+        row = session.execute(
+            select(Job.status, Job.worker_id, Job.heartbeat_at).where(Job.id == job_id)
+        ).one_or_none()
+    if row is None:  # deleted meanwhile: nothing more will come
+        return events, metrics, "failed", True
+    status, worker_id, heartbeat_at = row
+    return events, metrics, status, _settled(status, worker_id, heartbeat_at, lease_timeout)
 
 
 class _LiveFeed:
@@ -176,12 +197,14 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
             await live.connect()
             try:
                 async with db_slot():
-                    events, metrics, status = await run_in_threadpool(_read_since, job_id, cursor)
+                    events, metrics, status, settled = await run_in_threadpool(
+                        _read_since, job_id, cursor, settings.lease_timeout_seconds
+                    )
             except _DB_NOT_NOW as exc:
                 # the connection stays open: Redis (if up) still brings metric rows, and the DB is
                 # read again at the next pass; the cursor makes the catch-up exact
                 log.warning("stream %s: database unavailable (%s)", job_id, type(exc).__name__)
-                events, metrics, status = [], [], "running"
+                events, metrics, status, settled = [], [], "running", False
             for ev in events:
                 cursor.event_seq = ev.seq
                 yield _frame("event", cursor, EventObject.of(ev).model_dump())
@@ -190,7 +213,7 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
                 yield _frame("metrics", cursor, metric_object(row))
             if events or metrics:
                 last_sent = time.monotonic()
-            elif status in TERMINAL_STATUSES:
+            elif settled:
                 yield _frame("end", cursor, {"object": "fine_tuning.job.stream_end", "status": status})
                 return
             if len(events) == 1000 or len(metrics) == 1000:

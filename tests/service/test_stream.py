@@ -4,7 +4,9 @@ rows reach a connected client through Redis before the DB has them."""
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import threading
 import time
 
@@ -14,10 +16,11 @@ from sqlalchemy import select, update
 
 from service.config import get_settings
 from service.db import session_scope
+from service.jobs.stream import _settled
 from service.models import Job, JobMetric
 from service.storage import LocalBlobStore
 from tests.conftest import Stack
-from tests.helpers import chat_rows, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, trainer_pid, upload_ok, wait_for
 from worker.reporter import JobReporter
 
 
@@ -175,3 +178,57 @@ def test_metrics_arrive_live_through_redis_before_the_db_has_them(api_url: str, 
 
 def _next_frame_any(frames: queue.Queue[tuple[str, dict[str, object]]]) -> tuple[str, dict[str, object]]:
     return frames.get(timeout=30)
+
+
+def test_settled_waits_for_a_cancelled_jobs_trainer() -> None:
+    now = time.time()
+    assert not _settled("running", "w", now, 10)
+    assert _settled("succeeded", "w", now, 10)  # the trainer wrote its own final status last
+    assert not _settled("cancelled", "w", now, 10)  # cancelled by the API: its trainer still writes
+    assert _settled("cancelled", None, now, 10)  # released by its worker once the trainer exited
+    assert _settled("cancelled", "w", now - 11, 10)  # its worker died: heartbeat a lease timeout old
+    assert _settled("cancelled", "w", None, 10)
+
+
+def test_a_stream_ends_after_a_cancelled_trainers_last_rows(stack: Stack, stack_client: httpx.Client) -> None:
+    """The trainer is held (SIGSTOP) while the job is cancelled: the stream must not end before it has
+    written its last rows and its "Training stopped" event, and then it holds all of them."""
+    train = upload_ok(stack_client, chat_rows(16))
+    job_id = stack_client.post(
+        "/v1/fine_tuning/jobs",
+        json={
+            "model": "tunehouse/tiny-llama",
+            "training_file": train,
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 100}}},
+        },
+    ).json()["id"]
+    deadline = time.monotonic() + 180
+    while stack_client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"] < 1:
+        assert time.monotonic() < deadline, "the job did not train"
+        time.sleep(0.1)
+    items: queue.Queue[list[tuple[str, str, dict[str, object]]]] = queue.Queue()
+
+    def follow() -> None:
+        with stack_client.stream("GET", f"/v1/fine_tuning/jobs/{job_id}/stream", timeout=240) as response:
+            items.put(_read_sse(response))
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    pid = trainer_pid(job_id)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert stack_client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+        time.sleep(2.0)  # several DB polls of the stream; the lease timeout (10 s) is far
+        assert reader.is_alive(), "the stream ended while the cancelled job's trainer could still write"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    reader.join(60)
+    streamed = items.get(timeout=1)
+    assert streamed[-1][0] == "end" and streamed[-1][2]["status"] == "cancelled"
+    messages = [str(d["message"]) for e, _, d in streamed if e == "event"]
+    assert any(m.startswith("Training stopped at step") for m in messages), messages[-3:]
+    recorded = all_pages(stack_client, f"/v1/fine_tuning/jobs/{job_id}/metrics")
+    assert [d["step"] for e, _, d in streamed if e == "metrics"] == [m["step"] for m in recorded]
+    with session_scope() as session:  # it ended because the worker released the job, not by timeout
+        assert session.scalar(select(Job.worker_id).where(Job.id == job_id)) is None

@@ -124,6 +124,21 @@ def test_cancel_wins_over_the_worker() -> None:
         assert job is not None and job.status == "cancelled"
 
 
+def test_release_clears_only_our_ended_job() -> None:
+    ended, running, theirs = _job(), _job(), _job()
+    for job_id, worker in ((ended, "a"), (running, "a"), (theirs, "b")):
+        assert _claim(job_id, worker)
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id.in_((ended, theirs))).values(status="cancelled"))
+    with session_scope() as session:
+        assert not lease.release(session, job_id=running, worker_id="a")  # still running: kept
+        assert not lease.release(session, job_id=theirs, worker_id="a")  # another worker's
+        assert lease.release(session, job_id=ended, worker_id="a")
+    with session_scope() as session:
+        holders = {j: session.get(Job, j).worker_id for j in (ended, running, theirs)}  # type: ignore[union-attr]
+    assert holders == {ended: None, running: "a", theirs: "b"}
+
+
 def _nothing_else_waits() -> None:
     # a run message is a token: with another job queued the supervisor would (rightly) run that one
     with session_scope() as session:
