@@ -35,8 +35,10 @@ def test_api_restart_with_open_streams(fault_stack: FaultStack) -> None:
     key = fault_stack.new_key()
     headers = {"Authorization": f"Bearer {key}"}
     client = httpx.Client(base_url=url, headers=headers, timeout=60)
-    train = upload_ok(client, chat_rows(16))
-    job_id = create_job(client, train, n_epochs=6, batch_size=2, learning_rate=1e-3)
+    train = upload_ok(client, chat_rows(64))
+    # 6,400 steps: still training across the restart on any machine (48 steps could end before it);
+    # paused, then cancelled once the new server is up
+    job_id = create_job(client, train, n_epochs=100, batch_size=1, learning_rate=1e-3)
     wait_metrics(client, job_id, at_least=2)
     readers = [StreamReader(url, key, job_id) for _ in range(3)]
     deadline = time.monotonic() + 30
@@ -83,8 +85,12 @@ def test_api_restart_with_open_streams(fault_stack: FaultStack) -> None:
     url2, _ = fault_stack.start_api(port=port)  # the "next instance", on the same address
     back = time.monotonic() - signalled
     assert url2 == url
-    wait_for(client, job_id, timeout=240)
-    assert_ran_once(client, job_id)
+    steps = int(client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"])
+    wait_metrics(client, job_id, at_least=steps + 3)
+    assert client.post(f"/v1/fine_tuning/jobs/{job_id}/pause").status_code == 200
+    assert wait_for(client, job_id, statuses=("paused",), timeout=120)["status"] == "paused"
+    assert client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").status_code == 200
+    assert_ran_once(client, job_id, status="cancelled")
     for reader in readers:
         reader.assert_complete(client)
     print(

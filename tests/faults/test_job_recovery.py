@@ -57,8 +57,9 @@ def recovery() -> Iterator[Env]:
 
 
 def _spec(training_file: str, seed: int) -> dict[str, Any]:
-    # 50 epochs x 8 steps: longer than any test waits; the tests cancel their jobs once they have seen
-    # what they need, so they do not depend on how fast this machine trains
+    # 50 epochs x 32 steps (ROWS rows, 2 a step): longer than any test waits, even at the ~120 steps/s
+    # of a quiet machine; the tests cancel their jobs once they have seen what they need, so they do not
+    # depend on how fast this machine trains
     hp = {"n_epochs": 50, "batch_size": 2, "learning_rate": 1e-3}
     return {
         "model": MODEL,
@@ -69,7 +70,7 @@ def _spec(training_file: str, seed: int) -> dict[str, Any]:
 
 
 def _create(client: httpx.Client, seed: int = 5) -> str:
-    response = client.post("/v1/fine_tuning/jobs", json=_spec(upload_ok(client, chat_rows(16)), seed))
+    response = client.post("/v1/fine_tuning/jobs", json=_spec(upload_ok(client, chat_rows(ROWS)), seed))
     assert response.status_code == 200, response.text
     return str(response.json()["id"])
 
@@ -130,6 +131,8 @@ class CreatedWhileDown:
     status_during_outage: str
 
 
+ROWS = 64  # the training file of every job here
+
 # how far the job created during the outage trains (uninterrupted): the pause test's reference
 REFERENCE_STEPS = 60
 
@@ -139,7 +142,7 @@ def created_while_broker_down(recovery: Env) -> CreatedWhileDown:
     """A job created while Redis (the broker) is down, then Redis back; it trains REFERENCE_STEPS
     steps uninterrupted and is cancelled. Same spec and seed as the pause test's job."""
     client = recovery.client
-    train = upload_ok(client, chat_rows(16))
+    train = upload_ok(client, chat_rows(ROWS))
     recovery.stack.redis.stop()
     try:
         started = time.monotonic()
