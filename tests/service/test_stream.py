@@ -40,19 +40,22 @@ def _read_sse(response: httpx.Response) -> list[tuple[str, str, dict[str, object
     return out
 
 
-def test_stream_replays_resumes_and_ends(stack: Stack, stack_client: httpx.Client) -> None:
-    train = upload_ok(stack_client, chat_rows(8))
-    job_id = stack_client.post(
+def _sft_job(client: httpx.Client, rows: int, **hyperparameters: int) -> str:
+    """A supervised job on the tiny model over `rows` chat rows; its id."""
+    job = client.post(
         "/v1/fine_tuning/jobs",
         json={
             "model": "tunehouse/tiny-llama",
-            "training_file": train,
-            "method": {
-                "type": "supervised",
-                "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 2}},
-            },
+            "training_file": upload_ok(client, chat_rows(rows)),
+            "method": {"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
         },
-    ).json()["id"]
+    )
+    assert job.status_code == 200, job.text
+    return str(job.json()["id"])
+
+
+def test_stream_replays_resumes_and_ends(stack: Stack, stack_client: httpx.Client) -> None:
+    job_id = _sft_job(stack_client, 8, n_epochs=2, batch_size=2)
 
     # follow it live from the start
     with stack_client.stream("GET", f"/v1/fine_tuning/jobs/{job_id}/stream", timeout=240) as response:
@@ -193,15 +196,7 @@ def test_settled_waits_for_a_cancelled_jobs_trainer() -> None:
 def test_a_stream_ends_after_a_cancelled_trainers_last_rows(stack: Stack, stack_client: httpx.Client) -> None:
     """The trainer is held (SIGSTOP) while the job is cancelled: the stream must not end before it has
     written its last rows and its "Training stopped" event, and then it holds all of them."""
-    train = upload_ok(stack_client, chat_rows(16))
-    job_id = stack_client.post(
-        "/v1/fine_tuning/jobs",
-        json={
-            "model": "tunehouse/tiny-llama",
-            "training_file": train,
-            "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 100}}},
-        },
-    ).json()["id"]
+    job_id = _sft_job(stack_client, 16, n_epochs=100)
     deadline = time.monotonic() + 180
     while stack_client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"] < 1:
         assert time.monotonic() < deadline, "the job did not train"
