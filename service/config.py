@@ -107,6 +107,13 @@ class Settings(BaseSettings):
     # the Celery queue this API sends its jobs to and this worker consumes and claims from: worker
     # pools sharing one database and broker are kept apart by name
     job_queue: str = Field(default="tunehouse", min_length=1, max_length=200)
+    # GPUs this training worker gives one job (service/jobs/resources.py): it consumes the queues of
+    # jobs of 1..N GPUs. Unset: the GPUs torch sees, 1 on a CPU host. On a CPU host N > 1 runs N gloo
+    # ranks (for tests and CPU clusters)
+    worker_gpus: int | None = Field(default=None, ge=1, le=64)
+    # a multi-GPU job's ranks give up on a collective after this long (a hung or dead peer): the job
+    # then restarts from its latest checkpoint instead of hanging (trainers/distributed.py)
+    collective_timeout_seconds: float = Field(default=300.0, gt=0)
     # resumable checkpoint at least every N minutes of training, for jobs that do not set
     # `save_minutes` (0: only `save_steps` and the end)
     checkpoint_minutes: float = Field(default=10.0, ge=0)

@@ -94,10 +94,26 @@ class Job(Base):
     # the Celery queue its run messages go to (settings.job_queue when created); a worker claims only
     # jobs of the queue it consumes (service/jobs/fairness.py)
     queue: Mapped[str] = mapped_column(String(200), default="tunehouse", server_default="tunehouse")
+    # what the job runs on, as validated (service/jobs/resources.py): {"gpus": N, "strategy": "ddp"};
+    # None: created before resources existed, one GPU
+    resources: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     __table_args__ = (
         Index("ix_jobs_tenant_id_id", "tenant_id", "id"),
         Index("ix_jobs_status", "status"),
     )
+
+
+class Worker(Base):
+    """A live training worker and what it can run (service/jobs/capacity.py): each worker re-writes its
+    row every reconcile pass and deletes it when it stops; a row not seen for a lease timeout is dead."""
+
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    # the worker pool's base queue (settings.job_queue): the pools sharing one database are apart
+    queue: Mapped[str] = mapped_column(String(200))
+    # devices it gives one job: GPUs, or on a CPU host the gloo ranks it was told to run
+    gpus: Mapped[int] = mapped_column(Integer)
+    seen_at: Mapped[float] = mapped_column(Float)
 
 
 class JobEvent(Base):

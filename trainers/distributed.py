@@ -150,6 +150,14 @@ def broadcast_code(code: int, device: torch.device) -> int:
     return int(t.item())
 
 
+def barrier() -> None:
+    """Wait until every rank is here."""
+    if world_size() == 1:
+        return
+    with _collective("barrier"):
+        dist.barrier()
+
+
 def broadcast_parameters(params: Sequence[torch.nn.Parameter]) -> None:
     """Rank 0's values of ``params`` on every rank."""
     if world_size() == 1:

@@ -144,9 +144,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         queue, name = INFERENCE_QUEUE, "inference"
     else:
         from worker.celery_app import app
+        from worker.launch import worker_queues
 
-        # the queue it claims jobs from too (service/jobs/fairness.py)
-        queue, name = get_settings().job_queue, "tunehouse"
+        # the queues of the job sizes its GPUs hold, which it claims jobs from too (fairness.py)
+        queue, name = ",".join(worker_queues(get_settings())), "tunehouse"
     argv = [
         "worker",
         "--pool",

@@ -115,6 +115,7 @@ def jobs_create(args: argparse.Namespace) -> int:
             suffix=args.suffix,
             seed=args.seed,
             metadata={k: str(v) for k, v in _key_values(args.metadata, "--metadata").items()} or None,
+            resources={"gpus": args.gpus} if args.gpus is not None else None,
         )
         emit(args, job, _job_line(job))
         if args.wait:
@@ -230,6 +231,7 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--grader", help="a JSON file with the grader (RL methods)")
     p.add_argument("--suffix")
     p.add_argument("--seed", type=int)
+    p.add_argument("--gpus", type=int, help="GPUs (data-parallel ranks) for the job; default 1")
     p.add_argument("--metadata", action="append", metavar="KEY=VALUE")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
     p.add_argument("--timeout", type=float)

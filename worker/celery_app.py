@@ -9,6 +9,7 @@ SIGTERM/SIGINT (warm shutdown) the worker stops taking messages and hands its ru
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -16,7 +17,7 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from service.queue import get_celery
-from worker.reaper import start_reaper
+from worker.reaper import advertise_worker, retire_worker, start_reaper
 from worker.supervisor import default_worker_id, request_shutdown
 from worker.webhooks import start_delivery_loop
 
@@ -24,12 +25,17 @@ app: Celery = get_celery()
 
 import worker.tasks  # noqa: E402,F401  (registers the tasks on `app`)
 
+log = logging.getLogger("tunehouse.worker")
 _reaper_stop = threading.Event()
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _start_reaper(**_: Any) -> None:
-    start_reaper(_reaper_stop)
+    try:
+        advertise_worker(default_worker_id())  # at once: a job waiting for this worker's GPUs sees it
+    except Exception:  # the database is down: the reconciler's first pass advertises it
+        log.warning("could not advertise this worker's GPUs yet", exc_info=True)
+    start_reaper(_reaper_stop, worker_id=default_worker_id())
     start_delivery_loop(_reaper_stop, worker_id=default_worker_id())
 
 
@@ -42,3 +48,7 @@ def _hand_back_running_job(**_: Any) -> None:
 @worker_shutdown.connect  # type: ignore[untyped-decorator]
 def _stop_reaper(**_: Any) -> None:
     _reaper_stop.set()
+    try:
+        retire_worker(default_worker_id())
+    except Exception:  # its row then goes stale within a lease timeout
+        log.warning("could not remove this worker's row", exc_info=True)

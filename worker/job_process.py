@@ -5,6 +5,12 @@ there is one, runs the trainer with a JobReporter, and records the outcome while
 Exits 0 whenever the outcome is recorded (succeeded, failed with a reason, cancelled, paused, handed
 back); any other exit is a crash the supervisor turns into a restart (worker/recovery.py).
 
+A multi-GPU job runs this module once per rank (worker/launch.py). Every rank loads the same inputs
+and trains its share of each step; rank 0 alone reports and records the outcome. A failed collective
+(another rank died or hung) exits non-zero without recording anything: the supervisor requeues the job
+and it resumes from its latest checkpoint. An error in the user's data or spec is the same on every
+rank: rank 0 records it, the other ranks exit quietly.
+
 SIGTERM (the worker shutting down, or the worker's death through PR_SET_PDEATHSIG) makes the trainer
 write a resumable checkpoint at its next step and hand the job back to the queue; if that takes longer
 than settings.shutdown_grace_seconds the process ends itself (SIGALRM) and the job resumes from its
@@ -30,14 +36,18 @@ from sqlalchemy import select
 from service.config import get_settings
 from service.db import session_scope
 from service.jobs.events import add_event
-from service.jobs.spec import load_method
+from service.jobs.resources import job_resources
+from service.jobs.spec import MethodBase, load_method
 from service.models import File, Job
 from service.storage import BlobStore, BlobStoreUnavailable, get_blob_store
+from trainers import distributed
+from trainers.distributed import CollectiveError
 from trainers.errors import DataError
-from trainers.loop import StopRequest
+from trainers.loop import NullCallbacks, StopRequest
 from worker import lease
 from worker.checkpoints import restore_latest_checkpoint
 from worker.graders import reward_set
+from worker.launch import die_with_parent
 from worker.methods import RunInputs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
 from worker.outage import blob_outage_event, retry_blob, retry_db
@@ -94,17 +104,97 @@ def _stop_on_sigterm(grace_seconds: float) -> threading.Event:
     return stop
 
 
-def run(job_id: str, worker_id: str) -> None:
+def load_inputs(
+    job: Job, method: MethodBase, *, blobs: BlobStore, workdir: Path, announce: bool
+) -> RunInputs:
+    """Everything the run reads from the blob store (retried as a whole while it is down)."""
     settings = get_settings()
-    shutdown = _stop_on_sigterm(settings.shutdown_grace_seconds)
-    blobs = get_blob_store()
     with session_scope() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
         training = session.get(File, job.training_file)
         validation = session.get(File, job.validation_file) if job.validation_file else None
         session.expunge_all()
+    model_path = resolve_model_path(
+        settings, blobs, tenant_id=job.tenant_id, name=job.model, include_deleted=True
+    )
+    train_rows = read_rows(blobs, training, param="training_file")
+    valid_rows = None
+    if job.validation_file:
+        valid_rows = read_rows(blobs, validation, param="validation_file")
+    resume_from, resume_step = restore_latest_checkpoint(blobs, job.id, workdir)
+    if resume_from is not None and announce:
+        with session_scope() as session:
+            add_event(session, job.id, f"Resuming from the checkpoint at step {resume_step}")
+    rewards = reward_set(method, settings=settings, blobs=blobs, tenant_id=job.tenant_id)
+    return RunInputs(
+        model_path=model_path,
+        output_dir=workdir / "out",
+        seed=job.seed,
+        resume_from=resume_from,
+        train_rows=train_rows,
+        valid_rows=valid_rows,
+        rewards=rewards,
+        save_minutes=settings.checkpoint_minutes,
+        keep_checkpoints=settings.checkpoint_keep,
+    )
+
+
+def _load_retrying(
+    job: Job, method: MethodBase, *, blobs: BlobStore, workdir: Path, announce: bool
+) -> RunInputs:
+    settings = get_settings()
+    return retry_blob(
+        lambda: load_inputs(job, method, blobs=blobs, workdir=workdir, announce=announce),
+        what=f"job {job.id}: loading inputs",
+        tolerance=settings.blob_outage_tolerance_seconds,
+        on_first_retry=(
+            (lambda exc: blob_outage_event(job.id, exc, settings.blob_outage_tolerance_seconds))
+            if announce
+            else None
+        ),
+    )
+
+
+def run(job_id: str, worker_id: str) -> None:
+    settings = get_settings()
+    shutdown = _stop_on_sigterm(settings.shutdown_grace_seconds)
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        session.expunge_all()
     method = load_method(job.method)
+    distributed.init_from_env(
+        timeout_seconds=settings.collective_timeout_seconds, strategy=job_resources(job.resources).strategy
+    )
+    try:
+        if distributed.is_main():
+            _run_main(job, method, worker_id=worker_id, shutdown=shutdown)
+        else:
+            _run_other_rank(job, method)
+    finally:
+        distributed.shutdown()
+
+
+def _run_other_rank(job: Job, method: MethodBase) -> None:
+    """A rank > 0: train its share; rank 0 reports, checkpoints and records the outcome."""
+    # rank 0 prepares the shared inputs first (the demo model is built once, by rank 0: transformers
+    # writes weights from the main rank only); if it fails instead, this barrier fails and we exit
+    distributed.barrier()
+    workdir = Path(
+        tempfile.mkdtemp(dir=get_settings().data_dir, prefix=f"work-{job.id}-r{distributed.rank()}-")
+    )
+    try:
+        inputs = _load_retrying(job, method, blobs=get_blob_store(), workdir=workdir, announce=False)
+        run_method(method, inputs, NullCallbacks())
+    except (DataError, ModelNotAvailable, JobSpecError):
+        pass  # the same on rank 0, which records it
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threading.Event) -> None:
+    settings = get_settings()
+    job_id = job.id
+    blobs = get_blob_store()
     # like OpenAI, a model fine-tuned from a fine-tuned model is named after the original base
     base = job.model.split(":")[1] if job.model.startswith("ft:") else job.model
     fine_tuned_model = f"ft:{base}:{job.tenant_id}:{job.suffix or ''}:{job.id}"
@@ -112,39 +202,8 @@ def run(job_id: str, worker_id: str) -> None:
     trackers: list[Tracker] = []
     exit_code = 1  # what the trackers' runs end with: 0 once the job succeeded or paused
     try:
-
-        def load_inputs() -> RunInputs:
-            """Everything the run reads from the blob store (retried as a whole while it is down)."""
-            model_path = resolve_model_path(
-                settings, blobs, tenant_id=job.tenant_id, name=job.model, include_deleted=True
-            )
-            train_rows = read_rows(blobs, training, param="training_file")
-            valid_rows = None
-            if job.validation_file:
-                valid_rows = read_rows(blobs, validation, param="validation_file")
-            resume_from, resume_step = restore_latest_checkpoint(blobs, job_id, workdir)
-            if resume_from is not None:
-                with session_scope() as session:
-                    add_event(session, job_id, f"Resuming from the checkpoint at step {resume_step}")
-            rewards = reward_set(method, settings=settings, blobs=blobs, tenant_id=job.tenant_id)
-            return RunInputs(
-                model_path=model_path,
-                output_dir=workdir / "out",
-                seed=job.seed,
-                resume_from=resume_from,
-                train_rows=train_rows,
-                valid_rows=valid_rows,
-                rewards=rewards,
-                save_minutes=settings.checkpoint_minutes,
-                keep_checkpoints=settings.checkpoint_keep,
-            )
-
-        inputs = retry_blob(
-            load_inputs,
-            what=f"job {job_id}: loading inputs",
-            tolerance=settings.blob_outage_tolerance_seconds,
-            on_first_retry=lambda exc: blob_outage_event(job_id, exc, settings.blob_outage_tolerance_seconds),
-        )
+        inputs = _load_retrying(job, method, blobs=blobs, workdir=workdir, announce=True)
+        distributed.barrier()  # the other ranks load theirs now (`_run_other_rank`)
         trackers = open_trackers(job, method)
         publisher = None
         if settings.redis_url:
@@ -226,6 +285,9 @@ def run(job_id: str, worker_id: str) -> None:
                 if values["id"] not in kept:
                     blobs.delete(values["blob_key"])
         exit_code = 0
+    except CollectiveError:
+        # another rank died or hung: no outcome to record; the supervisor requeues the job
+        raise
     except DataError as exc:
         _fail(
             job_id,
@@ -270,4 +332,6 @@ def run(job_id: str, worker_id: str) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if distributed.launched_ranks() > 1:
+        die_with_parent()  # a rank's parent is the launcher, not the supervisor
     run(sys.argv[1], sys.argv[2])

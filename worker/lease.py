@@ -11,6 +11,7 @@ a run message only says that some job waits.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, func, or_, select, update
@@ -98,8 +99,8 @@ def stale_running_jobs(session: Session, *, lease_timeout: float) -> list[str]:
     return list(session.scalars(stmt))
 
 
-def claim_fair(*, worker_id: str, queue: str, max_running_per_tenant: int) -> str | None:
-    """Claim the fairest queued job of `queue` (service/jobs/fairness.py) for `worker_id`; its id, or
+def claim_fair(*, worker_id: str, queues: Sequence[str], max_running_per_tenant: int) -> str | None:
+    """Claim the fairest queued job of `queues` (service/jobs/fairness.py) for `worker_id`; its id, or
     None when no such job may start (none queued, or every waiting tenant at its running-job limit).
 
     Each attempt is its own transaction: a conditional UPDATE (still queued) lets one worker win a job;
@@ -107,7 +108,7 @@ def claim_fair(*, worker_id: str, queue: str, max_running_per_tenant: int) -> st
     start a tenant's last allowed job (the count is read after the lock, seeing the other's commit).
     """
     with session_scope() as session:
-        order = fair_order(session, queue=queue)
+        order = fair_order(session, queues=queues)
     at_limit: set[str] = set()
     for waiting in order:
         if waiting.tenant_id in at_limit:

@@ -7,7 +7,9 @@ Every `reconcile_seconds` it
 - re-sends queued jobs that no worker claimed in time: their message was never sent (broker down at
   creation) or was lost (broker restart) (service/jobs/dispatch.py);
 - removes the blobs of deleted models that an unfinished job held until now
-  (service/base_models/lifecycle.py).
+  (service/base_models/lifecycle.py);
+- advertises this worker's GPUs, and notes on each queued job that no live worker can hold that it
+  waits for one (service/jobs/capacity.py).
 Every worker runs one; running several is harmless: each transition is a compare-and-set on the row.
 """
 
@@ -20,10 +22,12 @@ import time
 from service.base_models.lifecycle import sweep_deleted_models
 from service.config import get_settings
 from service.db import session_scope
+from service.jobs.capacity import advertise, note_unfit_jobs, retire
 from service.jobs.dispatch import reconcile
 from service.models import Job
 from service.storage import get_blob_store
 from worker import lease
+from worker.launch import worker_gpus
 from worker.outage import is_outage
 from worker.recovery import restart_or_fail
 
@@ -52,22 +56,38 @@ def requeue_stale_jobs() -> list[str]:
     return moved
 
 
-def reconcile_once() -> tuple[list[str], list[str]]:
-    """One pass: (stale jobs requeued, queued jobs re-sent); deleted models' blobs swept on the way."""
+def advertise_worker(worker_id: str) -> None:
+    settings = get_settings()
+    with session_scope() as session:
+        advertise(session, worker_id=worker_id, queue=settings.job_queue, gpus=worker_gpus(settings))
+
+
+def retire_worker(worker_id: str) -> None:
+    with session_scope() as session:
+        retire(session, worker_id=worker_id)
+
+
+def reconcile_once(worker_id: str | None = None) -> tuple[list[str], list[str]]:
+    """One pass: (stale jobs requeued, queued jobs re-sent); deleted models' blobs swept on the way,
+    and `worker_id`'s capacity advertised (None: a pass run by hand, for no worker)."""
     settings = get_settings()
     stale, resent = requeue_stale_jobs(), reconcile(dispatch_timeout=settings.dispatch_timeout_seconds)
     with session_scope() as session:
         sweep_deleted_models(session, blobs=get_blob_store(), models_dir=settings.models_dir)
+    if worker_id is not None:
+        advertise_worker(worker_id)
+    with session_scope() as session:
+        note_unfit_jobs(session, base_queue=settings.job_queue, within=settings.lease_timeout_seconds)
     return stale, resent
 
 
-def start_reaper(stop: threading.Event) -> threading.Thread:
+def start_reaper(stop: threading.Event, *, worker_id: str) -> threading.Thread:
     interval = max(0.1, get_settings().reconcile_seconds)
 
     def loop() -> None:
         while not stop.wait(interval):
             try:
-                stale, resent = reconcile_once()
+                stale, resent = reconcile_once(worker_id)
                 if stale:
                     log.warning("requeued jobs of unresponsive workers: %s", ", ".join(stale))
                 if resent:

@@ -14,13 +14,11 @@ its previous checkpoint.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -29,9 +27,11 @@ from sqlalchemy import select
 from service.config import get_settings
 from service.db import session_scope
 from service.jobs.events import add_event
+from service.jobs.resources import job_resources
 from service.models import Job
 from service.queue import RUN_JOB_TASK, send_task
 from worker import lease
+from worker.launch import die_with_parent, trainer_command, worker_queues
 from worker.outage import is_outage
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
 
@@ -52,16 +52,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _die_with_parent() -> None:
-    # Linux: the trainer gets SIGTERM if the worker process dies, so no orphan keeps the GPU; SIGTERM
-    # makes it checkpoint and hand the job back itself (worker/job_process.py).
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
     """Take one run message: run the fairest queued job, then the next fairest, until none may start.
 
@@ -74,12 +64,13 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
     """
     settings = get_settings()
     worker_id = worker_id or default_worker_id()
-    if _shutdown.is_set():
-        # shutting down (a message raced the stop): pass the token on to another worker
-        send_task(RUN_JOB_TASK, [job_id], queue=settings.job_queue)
-        return None
     with session_scope() as session:
-        if session.get(Job, job_id) is None:
+        queue = session.scalar(select(Job.queue).where(Job.id == job_id))
+        if queue is None:
+            return None
+        if _shutdown.is_set():
+            # shutting down (a message raced the stop): pass the token on to another worker
+            send_task(RUN_JOB_TASK, [job_id], queue=queue)
             return None
         taken_over = lease.claim_stale(
             session, job_id=job_id, worker_id=worker_id, lease_timeout=settings.lease_timeout_seconds
@@ -87,7 +78,9 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
     ran: str | None = None
     current = job_id if taken_over else _claim_next(worker_id)
     if current is None:
-        log.info("run message for %s: no job of queue %s may start; dropped", job_id, settings.job_queue)
+        log.info(
+            "run message for %s: no job of queues %s may start; dropped", job_id, worker_queues(settings)
+        )
     while current is not None:
         status = _run_claimed(current, worker_id=worker_id)
         if current == job_id:
@@ -102,7 +95,7 @@ def _claim_next(worker_id: str) -> str | None:
     settings = get_settings()
     return lease.claim_fair(
         worker_id=worker_id,
-        queue=settings.job_queue,
+        queues=worker_queues(settings),
         max_running_per_tenant=settings.max_running_jobs_per_tenant,
     )
 
@@ -111,16 +104,25 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
     """Run a job this worker has claimed to its end (or hand-back); returns its status then."""
     settings = get_settings()
     with session_scope() as session:
-        attempt = session.scalar(select(Job.attempts).where(Job.id == job_id))
+        attempt, resources = session.execute(
+            select(Job.attempts, Job.resources).where(Job.id == job_id)
+        ).one()
+        gpus = job_resources(resources).gpus
+        on = f"worker {worker_id}" + (f", {gpus} ranks" if gpus > 1 else "")
         add_event(
             session,
             job_id,
-            f"Job started on worker {worker_id} (attempt {attempt})",
-            data={"kind": "job.running", "status": "running", "worker": worker_id, "attempt": attempt},
+            f"Job started on {on} (attempt {attempt})",
+            data={
+                "kind": "job.running",
+                "status": "running",
+                "worker": worker_id,
+                "attempt": attempt,
+                "ranks": gpus,
+            },
         )
 
-    cmd = [sys.executable, "-m", "worker.job_process", job_id, worker_id]
-    proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(trainer_command(job_id, worker_id, ranks=gpus), preexec_fn=die_with_parent)
     lost_since: float | None = None
     stop_asked: float | None = None
     last_beat = time.monotonic()

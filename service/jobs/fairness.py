@@ -16,6 +16,7 @@ job the next free worker starts (unless its tenant is at its limit).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -46,8 +47,8 @@ class Waiting:
         )
 
 
-def fair_order(session: Session, *, queue: str | None = None) -> list[Waiting]:
-    """The queued jobs of `queue` (None: of every queue), fairest first. Running jobs count in every
+def fair_order(session: Session, *, queues: Sequence[str] | None = None) -> list[Waiting]:
+    """The queued jobs of `queues` (None: of every queue), fairest first. Running jobs count in every
     queue: the share and the limit are the tenant's, not per queue."""
     running = (
         select(Job.tenant_id, func.count().label("n"))
@@ -69,7 +70,7 @@ def fair_order(session: Session, *, queue: str | None = None) -> list[Waiting]:
         .outerjoin(served, served.c.tenant_id == Job.tenant_id)
         .where(Job.status == "queued")
     )
-    rows = session.execute(query if queue is None else query.where(Job.queue == queue)).all()
+    rows = session.execute(query if queues is None else query.where(Job.queue.in_(list(queues)))).all()
     waiting = [
         Waiting(
             job_id=job_id,

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
+from service.jobs.resources import global_batch_size, job_resources
 from service.models import Checkpoint, Job, JobEvent, JobMetric
 
 JobStatus = Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled", "paused"]
@@ -58,6 +59,8 @@ class JobObject(BaseModel):
     total_steps: int | None
     # 1-based place in the fair start order (service/jobs/fairness.py) while queued, else null
     queue_position: int | None = None
+    # {"gpus", "strategy", "global_batch_size"}: what the job trains on (service/jobs/resources.py)
+    resources: dict[str, Any] = {}
 
     @classmethod
     def of(cls, job: Job, *, queue_position: int | None = None) -> JobObject:
@@ -89,7 +92,13 @@ class JobObject(BaseModel):
             # OpenAI: null unless the job is running
             estimated_finish=job.estimated_finish if job.status == "running" else None,
             queue_position=queue_position if job.status == "queued" else None,
+            resources=_resources(job, hp),
         )
+
+
+def _resources(job: Job, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    resources = job_resources(job.resources)
+    return {**resources.model_dump(), "global_batch_size": global_batch_size(hyperparameters, resources.gpus)}
 
 
 class EventObject(BaseModel):

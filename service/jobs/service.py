@@ -18,9 +18,11 @@ from service.files.service import PURPOSES, get_file
 from service.files.validation import FileFormat, method_formats
 from service.graders.service import check_grader
 from service.ids import new_id, now
+from service.jobs.capacity import note_if_unfit
 from service.jobs.dispatch import queued_values, send_after_commit
 from service.jobs.events import add_event
 from service.jobs.integrations import duplicate_type, stored_integrations
+from service.jobs.resources import ONE_GPU, check_resources, queue_for, stored_resources
 from service.jobs.schemas import TERMINAL_STATUSES
 from service.jobs.spec import (
     JobCreate,
@@ -105,6 +107,8 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
             code="invalid_value",
         )
     method = _method_of(spec)
+    resources = spec.resources or ONE_GPU
+    check_resources(resources, method.declaration)
     _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
@@ -135,7 +139,8 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         user_metadata=spec.metadata,
         integrations=stored_integrations(spec.integrations),
         status="validating_files",
-        queue=settings.job_queue,
+        resources=stored_resources(resources),
+        queue=queue_for(settings.job_queue, resources.gpus),
     )
     session.add(job)
     session.flush()
@@ -145,6 +150,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
     for name, value in queued_values(t).items():
         setattr(job, name, value)
     add_event(session, job.id, "Files validated, moving job to queued state", data=_kind("queued"))
+    note_if_unfit(session, job, base_queue=settings.job_queue, within=settings.lease_timeout_seconds)
     # sent after commit; if the broker is down the job stays queued and the reconciler sends it later
     send_after_commit(session, job.id, t, queue=job.queue)
     return job

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from service.jobs.graders import Grader
 from service.jobs.integrations import Integrations
+from service.jobs.resources import Resources
 from service.jobs.schemas import Metadata
 from trainers.registry import AUTO, METHODS, Hyperparameter
 from trainers.registry import Method as MethodDeclaration
@@ -143,6 +144,8 @@ class JobCreate(_Strict):
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     metadata: Metadata | None = None
     integrations: Integrations | None = None
+    # extension: GPUs (ranks) per job, service/jobs/resources.py
+    resources: Resources | None = None
 
 
 def resolve_hyperparameters(method: MethodBase, *, n_examples: int) -> None:

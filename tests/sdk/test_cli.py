@@ -67,12 +67,15 @@ def test_files_and_jobs_commands(api_url: str, api_key: str, tmp_path: Path) -> 
         "lora=false",
         "--metadata",
         "team=cli",
+        "--gpus",
+        "2",
         "--json",
         url=api_url,
         key=api_key,
     )
     assert created.returncode == 0, created.stderr
     job = json.loads(created.stdout)
+    assert job["resources"]["gpus"] == 2
     assert job["method"]["supervised"]["hyperparameters"]["n_epochs"] == 2
     assert job["method"]["supervised"]["hyperparameters"]["lora"] is False
     assert job["id"] in th("jobs", "list", url=api_url, key=api_key).stdout

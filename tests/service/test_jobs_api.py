@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import METRICS_TOKEN
-from tests.helpers import chat_rows, upload_ok
+from tests.helpers import chat_rows, stored_counts, tenant_of, upload_ok
 
 MODEL = "tunehouse/tiny-llama"
 
@@ -103,6 +103,11 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
             {"method": {"type": "dpo", "dpo": {"hyperparameters": {"packing": True}}}},
             "method.dpo.hyperparameters.packing",
         ),
+        ({"resources": {"gpus": 0}}, "resources.gpus"),
+        ({"resources": {"gpus": 65}}, "resources.gpus"),
+        ({"resources": {"gpus": "2"}}, "resources.gpus"),
+        ({"resources": {"strategy": "zero3"}}, "resources.strategy"),
+        ({"resources": {"gpu": 2}}, "resources.gpu"),
         ({"suffix": "has spaces"}, "suffix"),
         ({"seed": -1}, "seed"),
         ({"method": {"type": "supervised"}, "hyperparameters": {"n_epochs": 1}}, "hyperparameters"),
@@ -380,3 +385,59 @@ def test_bad_integrations_are_a_400_naming_the_field(
     error = _error(_create(client, model=MODEL, training_file=train_file, integrations=integrations))
     assert error["param"] == param, error
     assert client.get("/v1/fine_tuning/jobs").json()["data"] == before  # nothing stored
+
+
+def test_resources_default_to_one_gpu_and_state_the_global_batch(
+    client: httpx.Client, train_file: str
+) -> None:
+    hp = {"batch_size": 3, "gradient_accumulation_steps": 2}
+    one = _create(client, model=MODEL, training_file=train_file, method=_sft(hp)).json()
+    assert one["resources"] == {"gpus": 1, "strategy": "ddp", "global_batch_size": 6}
+    four = _create(client, model=MODEL, training_file=train_file, method=_sft(hp), resources={"gpus": 4})
+    assert four.status_code == 200, four.text
+    job = four.json()
+    assert job["resources"] == {"gpus": 4, "strategy": "ddp", "global_batch_size": 24}
+    assert job["status"] == "queued" and job["queue_position"] == 1
+    # no worker of this pool has 4 GPUs (none runs at all): the job says why it waits
+    events = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events").json()["data"]
+    waiting = [e for e in events if (e["data"] or {}).get("kind") == "job.waiting_for_worker"]
+    assert [e["message"] for e in waiting] == [
+        "Waiting for a worker with 4 GPUs: no training worker is running; "
+        "the job stays queued until one joins"
+    ]
+    assert waiting[0]["data"] == {
+        "kind": "job.waiting_for_worker",
+        "status": "queued",
+        "gpus": 4,
+        "largest_worker_gpus": None,
+    }
+    # a one-GPU job is not checked: every worker holds it
+    one_events = client.get(f"/v1/fine_tuning/jobs/{one['id']}/events").json()["data"]
+    assert not [e for e in one_events if (e["data"] or {}).get("kind") == "job.waiting_for_worker"]
+
+
+def _sft(hp: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "supervised", "supervised": {"hyperparameters": hp}}
+
+
+@pytest.mark.parametrize(
+    ("method", "resources", "param"),
+    [
+        ("supervised", {"strategy": "fsdp"}, "resources.strategy"),
+        ("supervised", {"gpus": 2, "strategy": "fsdp"}, "resources.strategy"),
+        ("grpo", {"gpus": 2}, "resources.gpus"),
+        ("ppo", {"gpus": 2}, "resources.gpus"),
+    ],
+)
+def test_what_the_trainers_cannot_run_yet_is_a_501_naming_the_field(
+    client: httpx.Client, api_key: str, method: str, resources: dict[str, Any], param: str
+) -> None:
+    prompts = upload_ok(client, RL_PROMPTS) if method != "supervised" else upload_ok(client, chat_rows(8))
+    body = {"type": method, method: {"grader": CHECK}} if method != "supervised" else {"type": method}
+    before = stored_counts(tenant_of(api_key))
+    error = _error(_create(client, model=MODEL, training_file=prompts, method=body, resources=resources), 501)
+    assert (error["param"], error["code"]) == (param, "not_implemented"), error
+    assert stored_counts(tenant_of(api_key)) == before  # nothing half-stored
+    # the same method on one GPU with DDP is accepted
+    ok = _create(client, model=MODEL, training_file=prompts, method=body, resources={"gpus": 1})
+    assert ok.status_code == 200, ok.text

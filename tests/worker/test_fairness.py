@@ -70,7 +70,7 @@ def _job(tenant_id: str, status: str = "queued", **values: Any) -> str:
 
 def _order() -> list[str]:
     with session_scope() as session:
-        return [w.job_id for w in fair_order(session, queue="tunehouse")]
+        return [w.job_id for w in fair_order(session, queues=["tunehouse"])]
 
 
 def _positions(job_ids: list[str]) -> list[int]:
@@ -112,7 +112,7 @@ def test_positions_are_counted_within_each_queue_and_only_for_queued_jobs() -> N
 
 
 def _claim(limit: int, worker: str = "w") -> str | None:
-    return lease.claim_fair(worker_id=worker, queue="tunehouse", max_running_per_tenant=limit)
+    return lease.claim_fair(worker_id=worker, queues=["tunehouse"], max_running_per_tenant=limit)
 
 
 def test_claim_takes_the_fairest_job_and_skips_a_tenant_at_its_limit() -> None:

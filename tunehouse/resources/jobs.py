@@ -146,6 +146,7 @@ class Jobs:
         seed: int | None = None,
         metadata: dict[str, str] | None = None,
         integrations: list[dict[str, Any]] | None = None,
+        resources: dict[str, Any] | None = None,
         timeout: float | None = None,
     ) -> FineTuningJob:
         body = _create_body(
@@ -158,6 +159,7 @@ class Jobs:
             seed=seed,
             metadata=metadata,
             integrations=integrations,
+            resources=resources,
         )
         return FineTuningJob.model_validate(self._t.request("POST", JOBS, json=body, timeout=timeout).json())
 

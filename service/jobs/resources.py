@@ -1,0 +1,81 @@
+"""What a job runs on: `resources: {"gpus": N, "strategy": "ddp" | "fsdp"}`, an extension field.
+
+A job of N GPUs trains on N ranks of one worker host (trainers/distributed.py; launched by
+worker/launch.py). Its run messages go to the queue of N-GPU jobs (`queue_for`), which only workers
+with at least N GPUs consume (`queues_served`), so a job never lands on a host too small for it. The
+global batch is `batch_size x gradient_accumulation_steps x gpus`: each rank trains its share of the
+step's micro-batches, and the job object shows the product as `resources.global_batch_size`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.errors import NotImplementedYet
+from trainers.registry import Method as MethodDeclaration
+
+# one job runs on one worker host: 64 is more GPUs than any host has
+MAX_GPUS = 64
+Strategy = Literal["ddp", "fsdp"]
+
+
+class Resources(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    # ddp: each rank holds the whole model, gradients are summed; fsdp: sharded (not built yet)
+    strategy: Strategy = "ddp"
+
+
+ONE_GPU = Resources()
+
+
+def check_resources(resources: Resources, method: MethodDeclaration) -> None:
+    """Refuse, with the parameter named, what the trainers cannot run yet (501, not a failed job later)."""
+    if resources.strategy == "fsdp":
+        raise NotImplementedYet(
+            "resources.strategy 'fsdp' is not implemented yet: sharded training needs a GPU machine to "
+            "build and test on; use 'ddp' (each GPU holds the whole model)",
+            param="resources.strategy",
+            code="not_implemented",
+        )
+    if resources.gpus > 1 and not method.data_parallel:
+        raise NotImplementedYet(
+            f"resources.gpus={resources.gpus}: method '{method.name}' generates its rollouts on one GPU "
+            "for now; give it resources.gpus=1",
+            param="resources.gpus",
+            code="not_implemented",
+        )
+
+
+def stored_resources(resources: Resources | None) -> dict[str, Any]:
+    return (resources or ONE_GPU).model_dump(mode="json")
+
+
+def job_resources(stored: dict[str, Any] | None) -> Resources:
+    """A job row's resources (rows from before the field: one GPU)."""
+    return Resources.model_validate(stored) if stored else ONE_GPU
+
+
+def queue_for(base_queue: str, gpus: int) -> str:
+    """The queue of the jobs that need `gpus` GPUs: the pool's own queue for one GPU, so one-GPU
+    deployments and their workers see no change."""
+    return base_queue if gpus == 1 else f"{base_queue}.gpus{gpus}"
+
+
+def queues_served(base_queue: str, gpus: int) -> list[str]:
+    """The queues a worker with `gpus` GPUs consumes: every job size it can hold."""
+    return [queue_for(base_queue, n) for n in range(1, max(1, gpus) + 1)]
+
+
+def global_batch_size(hyperparameters: dict[str, Any], gpus: int) -> int | None:
+    """Examples per optimizer step over all ranks (None when the batch is not a number)."""
+    batch, accumulation = (
+        hyperparameters.get("batch_size"),
+        hyperparameters.get("gradient_accumulation_steps", 1),
+    )
+    if not isinstance(batch, int) or not isinstance(accumulation, int):
+        return None
+    return batch * accumulation * gpus

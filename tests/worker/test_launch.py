@@ -1,0 +1,53 @@
+"""How a worker sizes itself and starts a job's trainer (worker/launch.py, service/jobs/resources.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from service.config import Settings
+from service.jobs.resources import global_batch_size, queue_for, queues_served
+from worker import launch
+
+
+@pytest.mark.parametrize(("visible", "expected"), [("0,1,2", 3), ("3", 1), ("", 1), ("-1", 1), ("0, 1", 2)])
+def test_gpus_follow_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch, visible: str, expected: int
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    launch._detected_gpus.cache_clear()
+    try:
+        assert launch.worker_gpus(Settings(worker_gpus=None)) == expected
+        assert launch.worker_gpus(Settings(worker_gpus=5)) == 5  # the operator's word wins
+    finally:
+        launch._detected_gpus.cache_clear()
+
+
+def test_a_worker_consumes_every_job_size_it_holds() -> None:
+    assert queues_served("pool", 1) == ["pool"]
+    assert queues_served("pool", 3) == ["pool", "pool.gpus2", "pool.gpus3"]
+    assert queue_for("pool", 1) == "pool" and queue_for("pool", 4) == "pool.gpus4"
+    settings = Settings(job_queue="pool", worker_gpus=2)
+    assert launch.worker_queues(settings) == ["pool", "pool.gpus2"]
+
+
+def test_one_rank_is_a_plain_process_and_more_go_through_torch_distributed_run() -> None:
+    assert launch.trainer_command("ftjob-1", "w", ranks=1) == [
+        sys.executable,
+        "-m",
+        "worker.job_process",
+        "ftjob-1",
+        "w",
+    ]
+    cmd = launch.trainer_command("ftjob-1", "w", ranks=4)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=4" in cmd and "--standalone" in cmd
+    assert "--max-restarts=0" in cmd  # restarts are the job's (from its checkpoint), not the launcher's
+    assert cmd[-4:] == ["-m", "worker.job_process", "ftjob-1", "w"]
+
+
+def test_global_batch_is_batch_times_accumulation_times_gpus() -> None:
+    assert global_batch_size({"batch_size": 4, "gradient_accumulation_steps": 3}, 2) == 24
+    assert global_batch_size({"batch_size": 4}, 8) == 32
+    assert global_batch_size({"batch_size": "auto"}, 2) is None

@@ -1,0 +1,69 @@
+"""How a worker starts a job's trainer: one process for a one-GPU job, N ranks through
+`torch.distributed.run` for an N-GPU job (trainers/distributed.py explains what the ranks do).
+
+`torch.distributed.run --standalone` sets up the rendezvous on a free local port and each rank's
+`RANK`, `LOCAL_RANK` and `WORLD_SIZE`; `--max-restarts 0` because restarts are the job's business
+(worker/recovery.py resumes it from its latest checkpoint): when any rank dies the launcher stops the
+others and exits non-zero, and the supervisor requeues the job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from service.config import Settings
+from service.jobs.resources import queues_served
+
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+
+
+@lru_cache
+def _detected_gpus() -> int:
+    """GPUs this host gives its worker, without importing torch: `CUDA_VISIBLE_DEVICES` when set, else
+    the NVIDIA driver's device list; 1 on a host with none (a CPU job)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    else:
+        count = len(list(NVIDIA_GPUS.iterdir())) if NVIDIA_GPUS.is_dir() else 0
+    return max(1, count)
+
+
+def worker_gpus(settings: Settings) -> int:
+    return settings.worker_gpus or _detected_gpus()
+
+
+def worker_queues(settings: Settings) -> list[str]:
+    """The queues this training worker consumes and claims from: jobs of 1..its GPUs."""
+    return queues_served(settings.job_queue, worker_gpus(settings))
+
+
+def trainer_command(job_id: str, worker_id: str, *, ranks: int) -> list[str]:
+    entry = ["-m", "worker.job_process", job_id, worker_id]
+    if ranks == 1:
+        return [sys.executable, *entry]
+    launcher = [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        "--max-restarts=0",
+    ]
+    return [sys.executable, *launcher, *entry]
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies, so no orphan keeps the GPU; SIGTERM makes
+    a trainer checkpoint and hand the job back itself (worker/job_process.py). Set in the trainer's
+    child (the supervisor's `preexec_fn`, no window for the parent to die first) and again by each rank
+    of a multi-GPU job, whose parent is the launcher."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
