@@ -120,16 +120,19 @@ def stored_counts(tenant_id: str) -> dict[str, int]:
     return counts
 
 
-def trainer_pid(job_id: str) -> int | None:
-    """The per-job trainer process (`python -m worker.job_process JOB_ID ...`) of this job, if alive."""
+def trainer_pid(job_id: str, *, rank: int | None = None) -> int | None:
+    """The per-job trainer process (`python -m worker.job_process JOB_ID ...`) of this job, if alive; of a
+    multi-GPU job, the process of `rank` (RANK in its environment; its launcher has the same argv)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0") if rank is not None else []
         except OSError:
             continue
-        if b"worker.job_process" in argv and job_id.encode() in argv:
+        ours = b"worker.job_process" in argv and job_id.encode() in argv
+        if ours and (rank is None or f"RANK={rank}".encode() in environ):
             return int(entry.name)
     return None
 

@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import REDIS, _stop, new_key, start_server
 from tests.e2e.test_preference_methods import preference_rows
-from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, trainer_pid, upload_ok, wait_for
 
 BROKER = f"{REDIS}/11"
 QUEUE = "tunehouse-ranks"
@@ -145,21 +145,6 @@ def test_two_rank_dpo_job_matches_one_rank_job(two_gpu_stack: httpx.Client) -> N
     _assert_same_curve(curve_two, curve_one, (*CURVE[:3], *dpo))
 
 
-def _rank_pid(job_id: str, rank: int) -> int | None:
-    """The process of one rank of this job's trainer (RANK in its environment), if alive."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"worker.job_process" in argv and job_id.encode() in argv and f"RANK={rank}".encode() in environ:
-            return int(entry.name)
-    return None
-
-
 EPOCHS = 30
 
 
@@ -175,7 +160,7 @@ def test_a_killed_rank_restarts_the_job_from_its_checkpoint(two_gpu_stack: httpx
     while not _checkpoint_steps(client, job_id):
         assert time.monotonic() < deadline, "no checkpoint was written"
         time.sleep(0.05)
-    pids = {rank: _rank_pid(job_id, rank) for rank in (0, 1)}
+    pids = {rank: trainer_pid(job_id, rank=rank) for rank in (0, 1)}
     assert None not in pids.values(), pids
     for pid in pids.values():  # hold both ranks: the job cannot finish before the kill lands mid-run
         os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
