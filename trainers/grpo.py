@@ -25,7 +25,6 @@ prompts on the shared loop (``trainers.loop``), reused for ``num_iterations`` st
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -33,12 +32,13 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.advantages import group_advantages, group_reward_metrics
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows
 from trainers.loop import LossSums, PreparedStep
-from trainers.registry import choices
 from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
+from trainers.rl_losses import grpo_loss_terms
 from trainers.rollout import (
     ReusedRollout,
     RLPrompt,
@@ -48,9 +48,6 @@ from trainers.rollout import (
     micro_batch_spans,
     reference_logps,
 )
-
-LOSS_TYPES = choices("grpo", "loss_type")
-SCALE_REWARDS = choices("grpo", "scale_rewards")
 
 
 @dataclass
@@ -88,162 +85,6 @@ class GRPOConfig(RolloutConfig):
     @property
     def uses_reference(self) -> bool:
         return self.beta != 0.0
-
-
-# -- pure functions -------------------------------------------------------------------------------------
-def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Standard deviation with Bessel's correction, ignoring NaNs (NaN with fewer than 2 values)."""
-    mean = torch.nanmean(x, dim=dim, keepdim=True)
-    variance = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True)
-    count = (~torch.isnan(x)).sum(dim=dim, keepdim=True)
-    variance = variance * torch.where(count > 1, count / (count - 1), torch.full_like(variance, math.nan))
-    std = variance.sqrt()
-    return std.squeeze(dim) if dim is not None else std.reshape(())
-
-
-def group_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "group") -> torch.Tensor:
-    """Group-relative advantages (DeepSeekMath, §4.1.2 "outcome supervision"): Â_i = (r_i - mean_g r) / σ.
-
-    rewards: [B * G], each prompt's G rewards adjacent; NaN for a completion no reward function scored.
-    scale: σ is the std of the group (``group``), of all B * G rewards (``batch``), or 1 (``none``, Dr. GRPO).
-    Returns [B * G]; NaN rewards get advantage 0. σ gets + 1e-4, as in TRL, so uniform groups give 0.
-
-    >>> group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, "none")
-    tensor([ 0.5000, -0.5000,  0.0000,  0.0000])
-    """
-    grouped = rewards.view(-1, num_generations)
-    mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
-    advantages = rewards - mean
-    if scale == "group":
-        advantages = advantages / (nanstd(grouped, dim=1).repeat_interleave(num_generations) + 1e-4)
-    elif scale == "batch":
-        std = nanstd(rewards) if rewards.numel() > 1 else torch.zeros(())
-        advantages = advantages / (std + 1e-4)
-    elif scale != "none":
-        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, not {scale!r}")
-    return torch.nan_to_num(advantages, nan=0.0)
-
-
-def group_reward_metrics(rewards: torch.Tensor, num_generations: int) -> dict[str, float]:
-    """``reward`` (mean), ``reward_std`` (the mean within-group std) and ``frac_reward_zero_std`` (groups
-    whose completions all scored the same: no learning signal) of [B * G] rewards, NaN ignored."""
-    group_std = nanstd(rewards.view(-1, num_generations), dim=1)
-    return {
-        "reward": float(torch.nanmean(rewards)),
-        "reward_std": float(torch.nanmean(group_std)),
-        "frac_reward_zero_std": float(torch.isclose(group_std, torch.zeros_like(group_std)).float().mean()),
-    }
-
-
-@dataclass(frozen=True)
-class GRPOLossTerms:
-    """Sums over a batch; ``loss = loss_sum / denominator``. Token sums are over masked tokens."""
-
-    loss_sum: torch.Tensor  # scalar, differentiable
-    denominator: torch.Tensor  # scalar: sequences (grpo), B * max_completion_length (dr_grpo), tokens (dapo)
-    n_tokens: torch.Tensor  # masked completion tokens
-    kl_sum: torch.Tensor  # Σ per-token k3 KL (0 when beta == 0)
-    clip_sum: torch.Tensor  # tokens whose ratio was clipped in the direction of the advantage
-
-
-def grpo_loss_terms(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    ref_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    epsilon: float,
-    epsilon_high: float | None,
-    beta: float,
-    loss_type: str,
-    max_completion_length: int,
-) -> GRPOLossTerms:
-    """The clipped surrogate with a KL penalty, per token, then summed as ``loss_type`` says.
-
-    logps, old_logps, ref_logps, mask: [B, T]; advantages: [B]. Per token (DeepSeekMath eq. 3, 4):
-
-        l_t = -min(ρ_t Â, clip(ρ_t, 1 - ε, 1 + ε_high) Â) + β (exp(ref - logp) - (ref - logp) - 1)
-
-    with ρ_t = exp(logp_t - old_logp_t) and the k3 KL estimator (Schulman 2020).
-    """
-    mask = mask.to(logps.dtype)
-    high = epsilon if epsilon_high is None else epsilon_high
-    adv = advantages.unsqueeze(1)
-    ratio = torch.exp(logps - old_logps)
-    clipped = torch.clamp(ratio, 1 - epsilon, 1 + high)
-    per_token = -torch.min(ratio * adv, clipped * adv)
-    kl = torch.zeros_like(logps)
-    if beta != 0.0:
-        if ref_logps is None:
-            raise ValueError("beta > 0 needs reference log-probs")
-        delta = ref_logps - logps
-        kl = torch.exp(delta) - delta - 1
-        per_token = per_token + beta * kl
-    masked = per_token * mask
-    n_tokens = mask.sum()
-    if loss_type == "grpo":
-        loss_sum = (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum()
-        denominator = torch.tensor(float(logps.size(0)))
-    elif loss_type == "dr_grpo":
-        loss_sum = masked.sum()
-        denominator = torch.tensor(float(logps.size(0) * max_completion_length))
-    elif loss_type == "dapo":
-        loss_sum = masked.sum()
-        denominator = n_tokens.clamp(min=1.0)
-    else:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
-    is_clipped = ((ratio < 1 - epsilon) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
-    return GRPOLossTerms(
-        loss_sum=loss_sum,
-        denominator=denominator,
-        n_tokens=n_tokens.detach(),
-        kl_sum=(kl * mask).sum().detach(),
-        clip_sum=(is_clipped.to(mask.dtype) * mask).sum(),
-    )
-
-
-def grpo_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    ref_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    beta: float = 0.0,
-    loss_type: str = "grpo",
-    max_completion_length: int,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO loss of one batch (shapes as ``grpo_loss_terms``) and its metrics ``kl``, ``clip_ratio``
-    (token means).
-
-    ``grpo``: mean over sequences of each sequence's token mean; ``dr_grpo``: token sum over
-    (B * max_completion_length); ``dapo``: mean over all tokens.
-
-    >>> lp, mask, adv = torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([1.0, -1.0])
-    >>> loss, m = grpo_loss(lp, lp, None, adv, mask, max_completion_length=3)
-    >>> float(loss), m["clip_ratio"]
-    (0.0, 0.0)
-    """
-    terms = grpo_loss_terms(
-        logps,
-        old_logps,
-        ref_logps,
-        advantages,
-        mask,
-        epsilon=epsilon,
-        epsilon_high=epsilon_high,
-        beta=beta,
-        loss_type=loss_type,
-        max_completion_length=max_completion_length,
-    )
-    tokens = float(terms.n_tokens.clamp(min=1.0))
-    metrics = {"clip_ratio": float(terms.clip_sum) / tokens}
-    if beta != 0.0:
-        metrics["kl"] = float(terms.kl_sum) / tokens
-    return terms.loss_sum / terms.denominator, metrics
 
 
 # -- batches --------------------------------------------------------------------------------------------

@@ -32,13 +32,13 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.advantages import JudgedPairs, judge_pairs
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
-from trainers.dpo import dpo_loss
 from trainers.entry import Rows
 from trainers.loop import LossSums, PreparedStep
-from trainers.registry import choices
 from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
+from trainers.rl_losses import online_dpo_loss
 from trainers.rollout import (
     ReusedRollout,
     RLPrompt,
@@ -48,8 +48,6 @@ from trainers.rollout import (
     micro_batch_spans,
     reference_logps,
 )
-
-LOSS_TYPES = choices("online_dpo", "loss_type")
 
 
 @dataclass
@@ -80,60 +78,6 @@ class OnlineDPOConfig(RolloutConfig):
     @property
     def uses_reference(self) -> bool:
         return True  # DPO's log-ratios are to the reference
-
-
-# -- pure functions -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JudgedPairs:
-    """Indices into the 2B completions of B prompts (each prompt's two adjacent), each [B]."""
-
-    chosen: torch.Tensor  # long
-    rejected: torch.Tensor  # long
-    judged: torch.Tensor  # bool: the scores order the pair (both scored, not equal)
-
-
-def judge_pairs(scores: torch.Tensor) -> JudgedPairs:
-    """The judge's verdict on each pair: the higher score is chosen (Guo et al. 2024, Alg. 1, step 3).
-
-    scores: [2B], completions 2i and 2i + 1 answer prompt i; NaN where no grader scored a completion.
-
-    >>> p = judge_pairs(torch.tensor([0.0, 1.0, 2.0, 1.0, 1.0, 1.0]))
-    >>> p.chosen.tolist(), p.rejected.tolist(), p.judged.tolist()
-    ([1, 2, 4], [0, 3, 5], [True, True, False])
-    """
-    pairs = scores.view(-1, 2)
-    second_wins = (pairs[:, 1] > pairs[:, 0]).long()
-    first = torch.arange(pairs.size(0), device=scores.device) * 2
-    judged = ~torch.isnan(pairs).any(dim=1) & (pairs[:, 0] != pairs[:, 1])
-    return JudgedPairs(chosen=first + second_wins, rejected=first + 1 - second_wins, judged=judged)
-
-
-def online_dpo_loss(
-    logps: torch.Tensor,
-    ref_logps: torch.Tensor,
-    pairs: JudgedPairs,
-    *,
-    beta: float,
-    loss_type: str = "sigmoid",
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-pair DPO losses of the judged pairs, and their implicit rewards.
-
-    logps, ref_logps: [2B] summed completion log-probs log π(y|x) under the policy and the reference;
-    ``pairs`` from ``judge_pairs``. Returns (losses, chosen_rewards, rejected_rewards), each [B], with
-    ``trainers.dpo.dpo_loss`` on (y_w, y_l) (``sigmoid``: -log σ(β h); ``ipo``: (h - 1/(2β))², h the
-    difference of log-ratios, unnormalised); an unjudged pair's loss is 0.
-    """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
-    losses, chosen_rewards, rejected_rewards = dpo_loss(
-        logps[pairs.chosen],
-        logps[pairs.rejected],
-        ref_logps[pairs.chosen],
-        ref_logps[pairs.rejected],
-        beta=beta,
-        loss_type=loss_type,
-    )
-    return losses * pairs.judged.to(losses.dtype), chosen_rewards, rejected_rewards
 
 
 # -- batches --------------------------------------------------------------------------------------------

@@ -38,12 +38,14 @@ from typing import Any, ClassVar, Self
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.advantages import gae, masked_whiten, per_token_rewards
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows, begin_training
 from trainers.loop import LossSums, PreparedStep, TrainingTask, run_training
 from trainers.modeling import load_model, pick_device
 from trainers.rl import RewardSet, completion_metrics, frozen_reference, reward_evaluator
+from trainers.rl_losses import ppo_loss_terms
 from trainers.rollout import (
     RLPrompt,
     forward_completion,
@@ -92,177 +94,6 @@ class PPOConfig(RolloutConfig):
     @property
     def uses_reference(self) -> bool:
         return self.kl_coef != 0
-
-
-# -- pure functions -------------------------------------------------------------------------------------
-def gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2016, eq. 16) and returns.
-
-    rewards, values, mask: [B, T]; ``mask`` is a prefix of each row (the completion). The episode ends
-    after the last masked token, so V = 0 there:
-
-        δ_t = r_t + γ V_{t+1} - V_t,    Â_t = Σ_{l ≥ 0} (γλ)^l δ_{t+l},    R_t = Â_t + V_t
-
-    Returns (advantages, returns), [B, T], zero outside the mask.
-
-    >>> rewards, values = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.5]])
-    >>> adv, ret = gae(rewards, values, torch.ones(1, 2), gamma=1, lam=1)
-    >>> adv.tolist(), ret.tolist()
-    ([[0.5, 0.5]], [[1.0, 1.0]])
-    """
-    mask = mask.to(values.dtype)
-    rewards, values = rewards * mask, values * mask
-    steps = rewards.size(1)
-    last = torch.zeros_like(rewards[:, 0])
-    reversed_advantages = []
-    for t in reversed(range(steps)):
-        next_value = values[:, t + 1] if t + 1 < steps else torch.zeros_like(last)
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last = delta + gamma * lam * last
-        reversed_advantages.append(last)
-    advantages = torch.stack(reversed_advantages[::-1], dim=1)
-    return advantages * mask, (advantages + values) * mask
-
-
-def per_token_rewards(
-    scores: torch.Tensor,
-    logps: torch.Tensor,
-    ref_logps: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    kl_coef: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token rewards of a rollout (Ouyang et al. 2022, eq. 2; Ziegler et al. 2019) and the KL.
-
-    scores: [B], one per completion; logps, ref_logps, mask: [B, T], ``mask`` a prefix of each row (the
-    completion, EOS included). The score is paid at the last real token, the KL penalty at every token:
-
-        kl_t = log π_old(o_t) - log π_ref(o_t),    r_t = -kl_coef · kl_t + [t = last] · score
-
-    Returns (rewards, kl), [B, T], zero outside the mask (an empty completion gets its score at t = 0).
-
-    >>> lp, ref = torch.tensor([[-1.0, -2.0, -0.5]]), torch.tensor([[-1.5, -1.0, -0.3]])
-    >>> per_token_rewards(torch.tensor([3.0]), lp, ref, torch.ones(1, 3), kl_coef=0.1)[0]
-    tensor([[-0.0500,  0.1000,  3.0200]])
-    """
-    mask = mask.to(logps.dtype)
-    kl = (logps - ref_logps) * mask
-    rewards = -kl_coef * kl
-    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
-    rewards[torch.arange(len(last)), last] += scores.to(rewards.dtype)
-    return rewards, kl
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over the masked entries (unbiased variance); 0 outside the mask.
-
-    >>> masked_whiten(torch.tensor([[1.0, 3.0, 9.0]]), torch.tensor([[1, 1, 0]]))
-    tensor([[-0.7071,  0.7071,  0.0000]])
-    """
-    mask = mask.to(x.dtype)
-    n = mask.sum()
-    if n == 0:  # nothing to whiten (e.g. no completion of the rollout was scored)
-        return torch.zeros_like(x)
-    mean = (x * mask).sum() / n
-    var = (((x - mean) ** 2) * mask).sum() / n
-    if n > 1:
-        var = var * n / (n - 1)
-    return (x - mean) * torch.rsqrt(var + eps) * mask
-
-
-@dataclass(frozen=True)
-class PPOLossTerms:
-    """Sums over the masked tokens of a batch."""
-
-    loss_sum: torch.Tensor  # policy + vf_coef * value, differentiable
-    policy_sum: torch.Tensor
-    value_sum: torch.Tensor
-    approx_kl_sum: torch.Tensor  # Σ ½ (log ρ)²
-    clip_sum: torch.Tensor  # tokens where the clipped policy term was the larger
-    n_tokens: torch.Tensor
-
-
-def ppo_loss_terms(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    cliprange: float,
-    cliprange_value: float,
-    vf_coef: float,
-) -> PPOLossTerms:
-    """Clipped policy loss (PPO eq. 7) and clipped value loss (as in OpenAI baselines' PPO2), per token.
-
-    All inputs [B, T]. With ρ = exp(logp - old_logp):
-
-        policy_t = max(-Â_t ρ_t, -Â_t clip(ρ_t, 1 - ε, 1 + ε))
-        value_t  = ½ max((V_t - R_t)², (V_old,t + clip(V_t - V_old,t, -ε_v, ε_v) - R_t)²)
-    """
-    mask = mask.to(logps.dtype)
-    log_ratio = logps - old_logps
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - cliprange, 1 + cliprange)
-    policy = torch.max(unclipped, clipped)
-    values_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
-    value = 0.5 * torch.max((values - returns) ** 2, (values_clipped - returns) ** 2)
-    policy_sum, value_sum = (policy * mask).sum(), (value * mask).sum()
-    return PPOLossTerms(
-        loss_sum=policy_sum + vf_coef * value_sum,
-        policy_sum=policy_sum.detach(),
-        value_sum=value_sum.detach(),
-        approx_kl_sum=(0.5 * log_ratio.detach() ** 2 * mask).sum(),
-        clip_sum=((clipped > unclipped).to(mask.dtype) * mask).sum(),
-        n_tokens=mask.sum(),
-    )
-
-
-def ppo_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    cliprange: float = 0.2,
-    cliprange_value: float = 0.2,
-    vf_coef: float = 0.1,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean PPO loss ``policy + vf_coef * value`` and its metrics (shapes as ``ppo_loss_terms``).
-
-    >>> z, one = torch.zeros(1, 2), torch.ones(1, 2)
-    >>> loss, m = ppo_loss(z, z, z, z, one, one, one)
-    >>> round(float(loss), 4), m["policy_loss"], m["value_loss"]
-    (-0.95, -1.0, 0.5)
-    """
-    t = ppo_loss_terms(
-        logps,
-        old_logps,
-        values,
-        old_values,
-        advantages,
-        returns,
-        mask,
-        cliprange=cliprange,
-        cliprange_value=cliprange_value,
-        vf_coef=vf_coef,
-    )
-    n = t.n_tokens.clamp(min=1.0)
-    metrics = {
-        "policy_loss": float(t.policy_sum / n),
-        "value_loss": float(t.value_sum / n),
-        "approx_kl": float(t.approx_kl_sum / n),
-        "clip_fraction": float(t.clip_sum / n),
-    }
-    return t.loss_sum / n, metrics
 
 
 # -- batches --------------------------------------------------------------------------------------------
@@ -491,10 +322,5 @@ __all__ = [
     "PPOBatch",
     "PPOConfig",
     "PPORollouts",
-    "gae",
-    "masked_whiten",
-    "per_token_rewards",
-    "ppo_loss",
-    "ppo_loss_terms",
     "train_ppo",
 ]

@@ -30,12 +30,14 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.advantages import group_reward_metrics, rloo_advantages, sequence_kl
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows
-from trainers.grpo import GRPOBatch, group_reward_metrics, nanstd
+from trainers.grpo import GRPOBatch
 from trainers.loop import LossSums, PreparedStep
 from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
+from trainers.rl_losses import rloo_loss_terms
 from trainers.rollout import (
     ReusedRollout,
     RLPrompt,
@@ -80,110 +82,6 @@ class RLOOConfig(RolloutConfig):
     @property
     def uses_reference(self) -> bool:
         return self.beta != 0.0
-
-
-# -- pure functions -------------------------------------------------------------------------------------
-def sequence_kl(old_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """KL(y) = Σ_t (log π_old(y_t) - log π_ref(y_t)) over each completion's tokens: the paper's
-    first-order estimate (Ahmadian et al. 2024, §3), which can be negative per token, unlike GRPO's k3.
-
-    old_logps, ref_logps, mask: [N, T]. Returns [N].
-
-    >>> sequence_kl(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2))
-    tensor([-0.5000])
-    """
-    return ((old_logps - ref_logps) * mask.to(old_logps.dtype)).sum(dim=1)
-
-
-def rloo_advantages(
-    rewards: torch.Tensor,
-    num_generations: int,
-    *,
-    kl: torch.Tensor | None = None,
-    beta: float = 0.0,
-    normalize: bool = False,
-) -> torch.Tensor:
-    """Leave-one-out advantages (Ahmadian et al. 2024, eq. 6) of the KL-penalised rewards:
-
-        R_i = r_i - β KL_i,    A_i = R_i - 1/(k-1) Σ_{j≠i} R_j
-
-    rewards: [B * k], each prompt's k rewards adjacent; NaN for a completion no reward function scored.
-    kl: [B * k] (``sequence_kl``), needed when β > 0. The baseline averages the scored siblings only; a
-    NaN reward, or one whose group has no other scored completion, gets advantage 0. ``normalize``: then
-    (A - mean A) / (std A + 1e-4) over the batch's scored completions, as TRL's ``normalize_advantages``.
-    Returns [B * k].
-
-    >>> rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 3.0, 3.0, float("nan")]), 3)
-    tensor([ 1.0000, -0.5000, -0.5000,  0.0000,  0.0000,  0.0000])
-    """
-    if beta != 0.0:
-        if kl is None:
-            raise ValueError("beta > 0 needs the completions' KL to the reference")
-        rewards = rewards - beta * kl
-    grouped = rewards.view(-1, num_generations)
-    scored = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
-    others = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (scored - 1)
-    advantages = rewards - others.view(-1)
-    if normalize:
-        advantages = (advantages - torch.nanmean(advantages)) / (nanstd(advantages) + 1e-4)
-    return torch.nan_to_num(advantages, nan=0.0)
-
-
-@dataclass(frozen=True)
-class RLOOLossTerms:
-    """Sums over a batch's sequences; ``loss = loss_sum / n_sequences``."""
-
-    loss_sum: torch.Tensor  # scalar, differentiable
-    clip_sum: torch.Tensor  # sequences whose ratio was clipped in the direction of the advantage
-
-
-def rloo_loss_terms(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    epsilon: float,
-    epsilon_high: float | None,
-) -> RLOOLossTerms:
-    """The clipped REINFORCE surrogate on whole sequences, summed over the batch.
-
-    logps, mask: [N, T] per-token log-probs under π_θ and the completion mask; old_logps: [N] summed
-    log-probs under the sampling policy; advantages: [N]. With ρ = exp(Σ_t logp_t - old_logp):
-
-        l = -min(ρ A, clip(ρ, 1 - ε, 1 + ε_high) A)
-
-    whose gradient at ρ = 1 is -A ∇ log π_θ(y | x), the leave-one-out REINFORCE estimator.
-    """
-    high = epsilon if epsilon_high is None else epsilon_high
-    seq_logps = (logps * mask.to(logps.dtype)).sum(dim=1)
-    ratio = torch.exp(seq_logps - old_logps)
-    clipped = torch.clamp(ratio, 1 - epsilon, 1 + high)
-    per_sequence = -torch.min(ratio * advantages, clipped * advantages)
-    is_clipped = ((ratio < 1 - epsilon) & (advantages < 0)) | ((ratio > 1 + high) & (advantages > 0))
-    return RLOOLossTerms(loss_sum=per_sequence.sum(), clip_sum=is_clipped.sum().detach().to(logps.dtype))
-
-
-def rloo_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """RLOO loss of one batch, the mean over its sequences (shapes as ``rloo_loss_terms``), and its
-    ``clip_ratio`` (the fraction of sequences clipped).
-
-    >>> lp, mask = torch.zeros(2, 3), torch.ones(2, 3)
-    >>> loss, m = rloo_loss(lp, lp.sum(1), torch.tensor([1.0, -1.0]), mask)
-    >>> float(loss), m["clip_ratio"]
-    (0.0, 0.0)
-    """
-    terms = rloo_loss_terms(logps, old_logps, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high)
-    n = max(1, logps.size(0))
-    return terms.loss_sum / n, {"clip_ratio": float(terms.clip_sum) / n}
 
 
 # -- the method -----------------------------------------------------------------------------------------

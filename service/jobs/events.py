@@ -27,3 +27,8 @@ def add_event(
         # a state change or a checkpoint also queues its webhooks, in this same transaction
         enqueue(session, job_id=job_id, kind=data.get("kind"), data=data)
     return event
+
+
+def state_event(status: str, kind: str | None = None, **data: Any) -> dict[str, Any]:
+    """Event data of a state change: `kind` names the transition (job.paused, job.restarted, ...)."""
+    return {"kind": kind or f"job.{status}", "status": status, **data}

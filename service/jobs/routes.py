@@ -13,7 +13,7 @@ from service.auth import TenantDep
 from service.dependencies import SessionDep, SettingsDep, read_in_one_hop
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
-from service.jobs import service
+from service.jobs import service, transitions
 from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
@@ -64,19 +64,19 @@ async def retrieve_job(job_id: str, session: SessionDep, tenant: TenantDep) -> J
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=_STATE_CHANGE)
 def cancel_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
-    return _object(session, service.cancel_job(session, tenant=tenant, job_id=job_id))
+    return _object(session, transitions.cancel_job(session, tenant=tenant, job_id=job_id))
 
 
 @router.post("/{job_id}/pause", response_model=JobObject, responses=_STATE_CHANGE)
 def pause_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
     """A queued job is paused at once; a running one checkpoints at its next step, then is `paused`."""
-    return _object(session, service.pause_job(session, tenant=tenant, job_id=job_id))
+    return _object(session, transitions.pause_job(session, tenant=tenant, job_id=job_id))
 
 
 @router.post("/{job_id}/resume", response_model=JobObject, responses=_STATE_CHANGE)
 def resume_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
     """A paused job is queued again and continues from its pause checkpoint."""
-    return _object(session, service.resume_job(session, tenant=tenant, job_id=job_id))
+    return _object(session, transitions.resume_job(session, tenant=tenant, job_id=job_id))
 
 
 @router.get("/{job_id}/events", responses=_JOB)

@@ -7,23 +7,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.base_models.catalog import resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint
 from service.config import Settings
-from service.errors import BadRequest, Conflict, NotFound
+from service.errors import BadRequest, NotFound
 from service.files.service import PURPOSES, get_file
 from service.files.validation import FileFormat, method_formats
 from service.graders.service import check_grader
-from service.ids import new_id, now
+from service.ids import new_id
 from service.jobs.capacity import note_if_unfit
 from service.jobs.dispatch import queued_values, send_after_commit
-from service.jobs.events import add_event
+from service.jobs.events import add_event, state_event
 from service.jobs.integrations import duplicate_type, stored_integrations
 from service.jobs.resources import ONE_GPU, check_resources, queue_for, stored_resources
-from service.jobs.schemas import TERMINAL_STATUSES
 from service.jobs.spec import (
     JobCreate,
     Method,
@@ -149,7 +148,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
     t = time.time()
     for name, value in queued_values(t).items():
         setattr(job, name, value)
-    add_event(session, job.id, "Files validated, moving job to queued state", data=_kind("queued"))
+    add_event(session, job.id, "Files validated, moving job to queued state", data=state_event("queued"))
     note_if_unfit(session, job, base_queue=settings.job_queue, within=settings.lease_timeout_seconds)
     # sent after commit; if the broker is down the job stays queued and the reconciler sends it later
     send_after_commit(session, job.id, t, queue=job.queue)
@@ -175,118 +174,6 @@ def list_jobs(
         check_limit(limit)
         return matching[:limit], len(matching) > limit
     return page(session, stmt, Job.id, after=after, limit=limit)
-
-
-def _kind(status: str, kind: str | None = None, **data: Any) -> dict[str, Any]:
-    """Event data of a state change: `kind` names the transition (job.paused, job.restarted, ...)."""
-    return {"kind": kind or f"job.{status}", "status": status, **data}
-
-
-def _move(session: Session, job: Job, *, expect: tuple[str, ...], **values: Any) -> bool:
-    """Compare-and-set the job's row (a worker may move it at the same moment); True if we moved it."""
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job.id, Job.status.in_(expect))
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return bool(getattr(result, "rowcount", 0) == 1)
-
-
-# A transition's compare-and-set can lose to a worker moving the job at the same moment; each loss
-# means the status moved on (queued -> running -> paused), so a few rounds always settle it.
-_ROUNDS = 5
-
-
-def _conflict(job: Job, action: str, allowed: str, code: str) -> Conflict:
-    state = f"has already {job.status}" if job.status in TERMINAL_STATUSES else f"is {job.status}"
-    hint = {
-        "paused": f"; resume it with POST /v1/fine_tuning/jobs/{job.id}/resume",
-        "running": f"; pause it with POST /v1/fine_tuning/jobs/{job.id}/pause",
-        "queued": "; it starts when a worker is free",
-    }.get(job.status, "")
-    if action == "cancelled":
-        hint = ""
-    return Conflict(
-        f"job {job.id} {state}; only {allowed} job can be {action}{hint}",
-        param="fine_tuning_job_id",
-        code=code,
-    )
-
-
-def cancel_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
-    job = get_job(session, tenant=tenant, job_id=job_id)
-    for _ in range(_ROUNDS):
-        if job.status in TERMINAL_STATUSES:
-            raise _conflict(job, "cancelled", "a queued, running or paused", "job_not_cancellable")
-        # A running job's trainer sees the status change at its next control poll and stops within a step.
-        if _move(
-            session, job, expect=(job.status,), status="cancelled", finished_at=now(), pause_requested=False
-        ):
-            add_event(session, job.id, "Job cancelled by user", data=_kind("cancelled", requested="cancel"))
-            break
-        session.refresh(job)
-    session.refresh(job)
-    return job
-
-
-def pause_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
-    """Queued: paused at once. Running: the trainer writes a resumable checkpoint at its next control
-    poll, frees its worker, and the job becomes `paused` (it stays `running` until then)."""
-    job = get_job(session, tenant=tenant, job_id=job_id)
-    for _ in range(_ROUNDS):
-        if job.status == "queued":
-            if _move(session, job, expect=("queued",), status="paused", pause_requested=False):
-                add_event(session, job.id, "Job paused before it started", data=_kind("paused"))
-                break
-        elif job.status == "running":
-            if job.pause_requested:
-                break  # asked already: pausing is idempotent
-            if _move(session, job, expect=("running",), pause_requested=True):
-                add_event(
-                    session,
-                    job.id,
-                    "Pause requested: the trainer checkpoints and stops at its next step",
-                    data=_kind("running", "job.pause_requested"),
-                )
-                break
-        else:
-            raise _conflict(job, "paused", "a queued or running", "job_not_pausable")
-        session.refresh(job)
-    session.refresh(job)
-    return job
-
-
-def resume_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
-    """Paused: queued again, and a worker continues from the pause checkpoint exactly. A pause that
-    was requested but not carried out yet is withdrawn instead."""
-    job = get_job(session, tenant=tenant, job_id=job_id)
-    for _ in range(_ROUNDS):
-        if job.status == "paused":
-            t = time.time()
-            if _move(session, job, expect=("paused",), **queued_values(t)):
-                add_event(
-                    session,
-                    job.id,
-                    "Job resumed; queued to continue from its latest checkpoint",
-                    data=_kind("queued", "job.resumed"),
-                )
-                send_after_commit(session, job.id, t, queue=job.queue)
-                break
-        elif job.status in ("queued", "running") and job.pause_requested:
-            if _move(session, job, expect=(job.status,), pause_requested=False):
-                add_event(
-                    session,
-                    job.id,
-                    "Pause request withdrawn; the job carries on",
-                    data=_kind(job.status, "job.pause_withdrawn"),
-                )
-                break
-        else:
-            raise _conflict(job, "resumed", "a paused", "job_not_resumable")
-        session.refresh(job)
-    session.refresh(job)
-    return job
 
 
 def list_events(

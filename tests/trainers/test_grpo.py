@@ -1,24 +1,23 @@
-"""GRPO: loss and advantages equal TRL's; rollouts; learning; one base copy with LoRA; resume; cancel."""
+"""GRPO (its advantages and loss: test_advantages.py, test_rl_losses.py): the loss of the batches the
+loop builds equals TRL's; rollouts; learning; one base copy with LoRA; resume; cancel."""
 
 from __future__ import annotations
 
 import copy
 import gc
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
-from trl.trainer.grpo_trainer import GRPOTrainer
-from trl.trainer.utils import nanstd as trl_nanstd
 
 import trainers.grpo
 from tests.trainers.helpers import Recorder
-from trainers.grpo import GRPOBatch, GRPOConfig, GRPORollouts, group_advantages, grpo_loss, train_grpo
+from tests.trainers.test_advantages import trl_group_advantages
+from tests.trainers.test_rl_losses import trl_grpo_loss
+from trainers.grpo import GRPOBatch, GRPOConfig, GRPORollouts, train_grpo
 from trainers.loop import PreparedStep, StopRequest
 from trainers.rewards import build_grader
 from trainers.rl import RewardSet
@@ -69,121 +68,6 @@ def grpo_config(tiny_model_path: Path, tmp_path: Path) -> Callable[..., GRPOConf
         return GRPOConfig(**(fields | overrides))
 
     return make
-
-
-# -- exactness against TRL 1.16 -----------------------------------------------------------------------------
-def trl_advantages(rewards: torch.Tensor, num_generations: int, scale: str) -> torch.Tensor:
-    """trl/trainer/grpo_trainer.py (1.16) lines 2765-2787 and 2810, the sum_then_normalize path after the
-    weighted sum; that code is inline in `_generate_and_score_completions`, so it is copied here verbatim
-    except for `self.` and the device."""
-    mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
-    mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
-    if scale in ["group", "none"]:
-        std_rewards = trl_nanstd(rewards.view(-1, num_generations), dim=1)
-        std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
-    else:
-        std_rewards = trl_nanstd(rewards).expand_as(rewards)
-    advantages = rewards - mean_grouped_rewards
-    if scale != "none":
-        advantages = advantages / (std_rewards + 1e-4)
-    return torch.nan_to_num(advantages, nan=0.0)
-
-
-@pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_group_advantages_equal_trl(scale: str) -> None:
-    torch.manual_seed(0)
-    rewards = torch.randn(24)
-    rewards[4:8] = 1.0  # a group with zero std
-    rewards[9] = float("nan")  # unscored completion
-    ours = group_advantages(rewards, 4, scale)
-    assert torch.allclose(ours, trl_advantages(rewards, 4, scale), atol=1e-6)
-    assert torch.all(ours[4:8] == 0) and ours[9] == 0
-
-
-class _Accelerator:
-    num_processes = 1
-
-    def reduce(self, t: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        return t
-
-    def gather(self, t: torch.Tensor) -> torch.Tensor:
-        return t
-
-    gather_for_metrics = gather
-
-
-def trl_loss(
-    logps: torch.Tensor,
-    old: torch.Tensor,
-    ref: torch.Tensor | None,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    loss_type: str,
-    beta: float,
-    epsilon: float,
-    epsilon_high: float,
-    max_len: int,
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """TRL's own `GRPOTrainer._compute_loss`, called on a stand-in `self` whose model forward returns our
-    log-probs (token-level importance sampling, no vLLM, no entropy mask, one process, no accumulation)."""
-    metrics: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    stub = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        importance_sampling_level="token",
-        beta=beta,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-        loss_type=loss_type,
-        epsilon_low=epsilon,
-        epsilon_high=epsilon_high,
-        use_vllm=False,
-        vllm_importance_sampling_correction=False,
-        model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1,
-        max_completion_length=max_len,
-        accelerator=_Accelerator(),
-        _entropy_bonus_enabled=False,
-        aux_loss_enabled=False,
-        _metrics=metrics,
-    )
-    b, t = logps.shape
-    inputs = {
-        "prompt_ids": torch.zeros(b, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(b, 2, dtype=torch.long),
-        "completion_ids": torch.zeros(b, t, dtype=torch.long),
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "ref_per_token_logps": ref,
-        "num_items_in_batch": mask.sum(),
-    }
-    loss = GRPOTrainer._compute_loss(stub, None, inputs)  # type: ignore[arg-type,no-untyped-call]
-    return loss, metrics["train"]
-
-
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-@pytest.mark.parametrize(("beta", "epsilon_high"), [(0.0, 0.2), (0.04, 0.28)])
-def test_grpo_loss_equals_trl(loss_type: str, beta: float, epsilon_high: float) -> None:
-    torch.manual_seed(1)
-    b, t = 6, 7
-    logps = (torch.randn(b, t) - 2).requires_grad_()
-    old = logps.detach() + 0.3 * torch.randn(b, t)  # ratios well outside the clip range
-    ref = logps.detach() + 0.5 * torch.randn(b, t)
-    adv = torch.randn(b)
-    mask = (torch.arange(t) < torch.tensor([7, 5, 1, 3, 7, 2]).unsqueeze(1)).long()
-    kw: dict[str, Any] = {"beta": beta, "epsilon": 0.2, "epsilon_high": epsilon_high}
-    ours, metrics = grpo_loss(logps, old, ref, adv, mask, loss_type=loss_type, max_completion_length=10, **kw)
-    theirs, trl_metrics = trl_loss(logps, old, ref, adv, mask, loss_type=loss_type, max_len=10, **kw)
-    assert ours.item() == pytest.approx(theirs.item(), abs=1e-5)
-    grad_ours = torch.autograd.grad(ours, logps)[0]
-    grad_theirs = torch.autograd.grad(theirs, logps)[0]
-    assert torch.allclose(grad_ours, grad_theirs, atol=1e-6)
-    assert metrics["clip_ratio"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
-    assert metrics["clip_ratio"] > 0
-    if beta:
-        assert metrics["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
 
 
 # -- the loss of the batch the loop really builds, against TRL ----------------------------------------------
@@ -280,11 +164,11 @@ def test_training_steps_equal_trl_on_the_loops_batches(
             truncated.append(cut)
         lengths = torch.cat([m.sum(dim=1) for m in masks])
         assert len(set(lengths.tolist())) > 2 and torch.cat(truncated).any()  # normalisations differ
-        theirs, trl_metrics = trl_loss(
+        theirs, trl_metrics = trl_grpo_loss(
             _pad_cat(logps, width),
             _pad_cat(old, width),
             _pad_cat(ref, width),
-            trl_advantages(torch.tensor(given), config.num_generations, scale),
+            trl_group_advantages(torch.tensor(given), config.num_generations, scale),
             _pad_cat(masks, width),
             loss_type=loss_type,
             beta=config.beta,

@@ -1,4 +1,5 @@
-"""PPO: GAE, whitening and the clipped losses equal the paper equations; learning; one base copy with
+"""PPO (GAE, whitening and the clipped losses: test_advantages.py, test_rl_losses.py): the rollout's
+advantages follow from score, KL and EOS; learning; one base copy with
 LoRA and a policy-only export; exact resume mid-rollout; cancel; a reward model as the score."""
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ from trainers.ppo import (
     PPOBatch,
     PPOConfig,
     PPORollouts,
-    gae,
-    masked_whiten,
-    per_token_rewards,
-    ppo_loss,
     train_ppo,
 )
 from trainers.rewards import ScoreModel
@@ -57,98 +54,7 @@ def ppo_config(tiny_model_path: Path, tmp_path: Path) -> Callable[..., PPOConfig
     return make
 
 
-# -- the equations ------------------------------------------------------------------------------------------
-LENGTHS = [5, 3, 1, 4]
-
-
-def _mask() -> torch.Tensor:
-    return (torch.arange(5) < torch.tensor(LENGTHS).unsqueeze(1)).float()
-
-
-def test_gae_equals_the_discounted_sum_of_td_errors() -> None:
-    torch.manual_seed(0)
-    rewards, values = torch.randn(4, 5), torch.randn(4, 5)
-    gamma, lam = 0.9, 0.8
-    adv, ret = gae(rewards, values, _mask(), gamma=gamma, lam=lam)
-    for b, n in enumerate(LENGTHS):
-        r, v = rewards[b, :n].tolist(), [*values[b, :n].tolist(), 0.0]  # V = 0 after the last token
-        delta = [r[t] + gamma * v[t + 1] - v[t] for t in range(n)]
-        for t in range(n):
-            expected = sum((gamma * lam) ** k * delta[t + k] for k in range(n - t))
-            assert adv[b, t].item() == pytest.approx(expected, abs=1e-5)
-            assert ret[b, t].item() == pytest.approx(expected + v[t], abs=1e-5)
-        assert not adv[b, n:].any() and not ret[b, n:].any()
-
-
-def test_whitening_uses_masked_mean_and_unbiased_std() -> None:
-    torch.manual_seed(1)
-    x, mask = torch.randn(4, 5) * 3 + 2, _mask()
-    out = masked_whiten(x, mask)
-    kept = x[mask.bool()].tolist()
-    mean = sum(kept) / len(kept)
-    std = (sum((k - mean) ** 2 for k in kept) / (len(kept) - 1)) ** 0.5
-    expected = torch.where(mask.bool(), (x - mean) / std, torch.zeros_like(x))
-    assert torch.allclose(out, expected, atol=1e-5)
-
-
-def test_clipped_policy_and_value_losses_equal_the_paper() -> None:
-    torch.manual_seed(2)
-    shape = (4, 5)
-    logps = torch.randn(shape) - 2
-    old = logps + 0.4 * torch.randn(shape)
-    values, old_values, returns = torch.randn(shape), torch.randn(shape), torch.randn(shape)
-    adv, mask = torch.randn(shape), _mask()
-    eps, eps_v, vf_coef = 0.2, 0.3, 0.1
-    loss, m = ppo_loss(
-        logps,
-        old,
-        values,
-        old_values,
-        adv,
-        returns,
-        mask,
-        cliprange=eps,
-        cliprange_value=eps_v,
-        vf_coef=vf_coef,
-    )
-    pol, val, kl, clipped, n = 0.0, 0.0, 0.0, 0, 0
-    for b, length in enumerate(LENGTHS):
-        for t in range(length):
-            ratio = float(torch.exp(logps[b, t] - old[b, t]))
-            a = float(adv[b, t])
-            # PPO eq. 7: L^CLIP = min(r A, clip(r, 1 - ε, 1 + ε) A); the loss is its negative.
-            surrogate = min(ratio * a, min(max(ratio, 1 - eps), 1 + eps) * a)
-            pol -= surrogate
-            clipped += surrogate != ratio * a
-            v, v_old, r = float(values[b, t]), float(old_values[b, t]), float(returns[b, t])
-            v_clip = v_old + min(max(v - v_old, -eps_v), eps_v)
-            val += 0.5 * max((v - r) ** 2, (v_clip - r) ** 2)
-            kl += 0.5 * float(logps[b, t] - old[b, t]) ** 2
-            n += 1
-    assert loss.item() == pytest.approx((pol + vf_coef * val) / n, abs=1e-5)
-    assert m["policy_loss"] == pytest.approx(pol / n, abs=1e-5)
-    assert m["value_loss"] == pytest.approx(val / n, abs=1e-5)
-    assert m["approx_kl"] == pytest.approx(kl / n, abs=1e-6)
-    assert m["clip_fraction"] == pytest.approx(clipped / n, abs=1e-6) and 0 < clipped < n
-
-
-def test_per_token_rewards_on_a_hand_built_rollout() -> None:
-    # Three completions of 3, 1 and 4 tokens (EOS included), right-padded to 4. The reference's log-probs
-    # at padding are -9 so that a penalty leaking past a completion's end would show.
-    logps = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-3.0, 0.0, 0.0, 0.0], [-0.1, -0.2, -0.3, -0.4]])
-    ref = torch.tensor([[-1.5, -1.0, -0.5, -9.0], [-2.0, -9.0, -9.0, -9.0], [-0.3, -0.1, -0.6, -0.2]])
-    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
-    rewards, kl = per_token_rewards(torch.tensor([2.0, -1.0, 0.5]), logps, ref, mask, kl_coef=0.1)
-    # kl_t = logp - ref; r_t = -0.1 kl_t, plus the score on the last real token.
-    assert torch.allclose(
-        kl, torch.tensor([[0.5, -1.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0], [0.2, -0.1, 0.3, -0.2]]), atol=1e-6
-    )
-    expected = torch.tensor(
-        [[-0.05, 0.1, 2.0, 0.0], [0.1 - 1.0, 0.0, 0.0, 0.0], [-0.02, 0.01, -0.03, 0.02 + 0.5]]
-    )
-    assert torch.allclose(rewards, expected, atol=1e-6)
-
-
+# -- the rollout's advantages -----------------------------------------------------------------------------
 class RolloutSpy(PPORollouts):
     """The real preparer, keeping a copy of each rollout it builds and the scores the graders gave."""
 
