@@ -35,7 +35,7 @@ from sqlalchemy import select
 
 from service.config import get_settings
 from service.db import session_scope
-from service.jobs.events import add_event
+from service.jobs.events import add_event, state_event
 from service.jobs.resources import job_resources
 from service.jobs.spec import MethodBase, load_method
 from service.models import File, Job
@@ -87,7 +87,7 @@ def _fail(job_id: str, worker_id: str, *, code: str, message: str, param: str | 
                 job_id,
                 f"Job failed: {message}",
                 level="error",
-                data={"kind": "job.failed", "status": "failed", "code": code, "fault": fault},
+                data=state_event("failed", code=code, fault=fault),
             )
 
 
@@ -263,11 +263,7 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
                         session,
                         job_id,
                         "The job has successfully completed",
-                        data={
-                            "kind": "job.succeeded",
-                            "status": "succeeded",
-                            "fine_tuned_model": fine_tuned_model,
-                        },
+                        data=state_event("succeeded", fine_tuned_model=fine_tuned_model),
                     )
 
         # the model is trained and saved: a database outage now must not turn it into a failure

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.ids import now
 from service.jobs.dispatch import requeue
-from service.jobs.events import add_event
+from service.jobs.events import add_event, state_event
 from service.models import Job
 
 # SIGKILL is what the kernel's OOM killer sends; say so, it is the likely cause
@@ -49,13 +49,7 @@ def restart_or_fail(
             job_id,
             f"Job restarted ({n} of {max_restarts}): {cause}; {then}",
             level="warn",
-            data={
-                "kind": "job.restarted",
-                "status": status,
-                "cause": cause,
-                "restart": n,
-                "max_restarts": max_restarts,
-            },
+            data=state_event(status, "job.restarted", cause=cause, restart=n, max_restarts=max_restarts),
         )
         return status
     message = f"{cause}; gave up after {max_restarts} restart(s)"
@@ -73,7 +67,7 @@ def restart_or_fail(
         job_id,
         f"Job failed: {message}",
         level="error",
-        data={"kind": "job.failed", "status": "failed", "code": "internal_error", "fault": "system"},
+        data=state_event("failed", code="internal_error", fault="system"),
     )
     return "failed"
 
@@ -87,13 +81,13 @@ def hand_back(session: Session, *, job_id: str, worker_id: str, why: str) -> str
             session,
             job_id,
             f"Job paused: {why}; resume it to continue",
-            data={"kind": "job.paused", "status": "paused"},
+            data=state_event("paused"),
         )
     elif status == "queued":
         add_event(
             session,
             job_id,
             f"Job handed back to the queue: {why}",
-            data={"kind": "job.handed_back", "status": "queued", "worker": worker_id},
+            data=state_event("queued", "job.handed_back", worker=worker_id),
         )
     return status

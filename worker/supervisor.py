@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from service.config import get_settings
 from service.db import session_scope
-from service.jobs.events import add_event
+from service.jobs.events import add_event, state_event
 from service.jobs.resources import job_resources
 from service.models import Job
 from service.queue import RUN_JOB_TASK, send_task
@@ -113,13 +113,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
             session,
             job_id,
             f"Job started on {on} (attempt {attempt})",
-            data={
-                "kind": "job.running",
-                "status": "running",
-                "worker": worker_id,
-                "attempt": attempt,
-                "ranks": gpus,
-            },
+            data=state_event("running", worker=worker_id, attempt=attempt, ranks=gpus),
         )
 
     proc = subprocess.Popen(trainer_command(job_id, worker_id, ranks=gpus), preexec_fn=die_with_parent)
