@@ -50,10 +50,6 @@ def check_resources(resources: Resources, method: MethodDeclaration) -> None:
         )
 
 
-def stored_resources(resources: Resources | None) -> dict[str, Any]:
-    return (resources or ONE_GPU).model_dump(mode="json")
-
-
 def job_resources(stored: dict[str, Any] | None) -> Resources:
     """A job row's resources (rows from before the field: one GPU)."""
     return Resources.model_validate(stored) if stored else ONE_GPU

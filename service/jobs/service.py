@@ -22,7 +22,7 @@ from service.jobs.capacity import note_if_unfit
 from service.jobs.dispatch import queued_values, send_after_commit
 from service.jobs.events import add_event, state_event
 from service.jobs.integrations import duplicate_type, stored_integrations
-from service.jobs.resources import ONE_GPU, check_resources, queue_for, stored_resources
+from service.jobs.resources import ONE_GPU, check_resources, queue_for
 from service.jobs.spec import (
     JobCreate,
     Method,
@@ -138,7 +138,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         user_metadata=spec.metadata,
         integrations=stored_integrations(spec.integrations),
         status="validating_files",
-        resources=stored_resources(resources),
+        resources=resources.model_dump(mode="json"),
         queue=queue_for(settings.job_queue, resources.gpus),
     )
     session.add(job)
