@@ -585,7 +585,7 @@ GRPO = Method(
             "loss_type",
             "str",
             "grpo",
-            "token-loss normalisation (see trainers/grpo.py)",
+            "token-loss normalisation (see trainers/rl_losses.py)",
             choices=("grpo", "dr_grpo", "dapo"),
         ),
         _p(

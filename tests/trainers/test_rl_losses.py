@@ -331,3 +331,56 @@ def test_the_paper_loss_written_out_and_unjudged_pairs() -> None:
 def test_doctests_pass() -> None:
     result = doctest.testmod(trainers.rl_losses)
     assert result.attempted >= 3 and result.failed == 0
+
+
+# -- the edges: defaults, one token, a zero advantage, a ratio on the clip boundary ------------------------
+def _spread(b: int, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(3)
+    logps = torch.randn(b, t) - 2
+    return logps, logps + 0.5 * torch.randn(b, t), torch.ones(b, t)
+
+
+def test_the_default_clip_range_is_0_2() -> None:
+    logps, old, mask = _spread(4, 5)
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0])
+    loss, metrics = grpo_loss(logps, old, None, adv, mask, max_completion_length=5)
+    assert (loss, metrics) == grpo_loss(logps, old, None, adv, mask, epsilon=0.2, max_completion_length=5)
+    assert metrics["clip_ratio"] > 0  # the ratios reach past 0.8 and 1.2
+    seq_old = (old * mask).sum(1)
+    assert rloo_loss(logps, seq_old, adv, mask) == rloo_loss(logps, seq_old, adv, mask, epsilon=0.2)
+
+
+def test_a_batch_of_one_token_is_its_own_mean() -> None:
+    logp, old = torch.tensor([[-1.0, 0.0]]), torch.tensor([[-1.5, 0.0]])  # ratio e^0.5, clipped at 1.2
+    mask = torch.tensor([[1, 0]])
+    for loss_type in ("grpo", "dapo"):
+        loss, metrics = grpo_loss(
+            logp, old, None, torch.tensor([2.0]), mask, loss_type=loss_type, max_completion_length=2
+        )
+        assert loss.item() == pytest.approx(-1.2 * 2.0) and metrics["clip_ratio"] == 1.0, loss_type
+    z = torch.zeros(1, 2)
+    loss, m = ppo_loss(logp, old, z, z, torch.full((1, 2), 2.0), z, mask, vf_coef=0.0)
+    assert loss.item() == pytest.approx(-1.2 * 2.0) and m["clip_fraction"] == 1.0
+    assert m["approx_kl"] == pytest.approx(0.5 * 0.5**2)
+
+
+def test_a_zero_advantage_or_a_ratio_on_the_boundary_is_not_clipped() -> None:
+    # ratios e and 1/e, far outside [0.8, 1.2], but a zero advantage: nothing for the clip to bound
+    logps, rollout = torch.tensor([[1.0], [-1.0]]), torch.zeros(2, 1)
+    zero, mask = torch.zeros(2), torch.ones(2, 1)
+    assert grpo_loss(logps, rollout, None, zero, mask, max_completion_length=1)[1]["clip_ratio"] == 0.0
+    assert rloo_loss(logps, rollout.sum(1), zero, mask)[1]["clip_ratio"] == 0.0
+    # ratio exactly 1 with ε = 0: on the boundary, which is inside the range
+    adv = torch.tensor([1.0, -1.0])
+    grpo = grpo_loss(rollout, rollout, None, adv, mask, epsilon=0.0, max_completion_length=1)
+    assert grpo[1]["clip_ratio"] == 0.0
+    assert rloo_loss(rollout, rollout.sum(1), adv, mask, epsilon=0.0)[1]["clip_ratio"] == 0.0
+    # a positive advantage below 1 with a ratio below 1 - ε: the clip bounds gains only, so it does not bind
+    low = rloo_loss(torch.tensor([[-1.0]]), torch.tensor([0.0]), torch.tensor([0.5]), torch.ones(1, 1))
+    assert low[1]["clip_ratio"] == 0.0
+
+
+def test_a_kl_penalty_needs_the_reference() -> None:
+    logps, old, mask = _spread(2, 3)
+    with pytest.raises(ValueError, match=r"^beta > 0 needs reference log-probs$"):
+        grpo_loss(logps, old, None, torch.ones(2), mask, beta=0.1, max_completion_length=3)
