@@ -218,3 +218,14 @@ def test_the_judge_skips_only_the_pairs_it_cannot_order() -> None:
 def test_rloo_with_a_kl_penalty_needs_the_kl() -> None:
     with pytest.raises(ValueError, match=r"^beta > 0 needs the completions' KL to the reference$"):
         rloo_advantages(torch.zeros(4), 2, beta=0.1)
+
+
+def test_whitening_one_value_gives_zero_not_nan() -> None:
+    # one masked value: no spread to divide by, and no n - 1 = 0 correction either
+    assert masked_whiten(torch.tensor([[3.0, 7.0]]), torch.tensor([[0, 1]])).tolist() == [[0.0, 0.0]]
+
+
+def test_the_judge_keeps_its_indices_on_the_scores_device() -> None:
+    # the meta device stands in for a GPU here: an index built on the CPU could not pick from it
+    pairs = judge_pairs(torch.zeros(4, device="meta"))
+    assert {t.device.type for t in (pairs.chosen, pairs.rejected, pairs.judged)} == {"meta"}
