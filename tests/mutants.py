@@ -49,8 +49,13 @@ GUARDS: dict[str, list[str]] = {
     "trainers/dpo.py": ["tests/trainers/test_dpo.py"],
     "trainers/rl.py": ["tests/trainers/test_rl.py", "tests/trainers/test_grpo.py"],
     "trainers/rewards.py": ["tests/trainers/test_rewards.py"],
-    "trainers/loop.py": ["tests/trainers/test_sft_training.py", "tests/trainers/test_resume.py"],
-    "trainers/checkpoint.py": ["tests/trainers/test_resume.py"],
+    "trainers/loop.py": [
+        "tests/trainers/test_sft_training.py",
+        "tests/trainers/test_resume.py",
+        "tests/trainers/test_checkpoint_policy.py",
+        "tests/trainers/test_schedule.py",
+    ],
+    "trainers/checkpoint.py": ["tests/trainers/test_resume.py", "tests/trainers/test_checkpoint_policy.py"],
 }
 DEFAULT = ["trainers/losses.py", "trainers/collate.py", "worker/lease.py", "service/files/validation.py"]
 COPIED = (
