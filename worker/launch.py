@@ -9,9 +9,12 @@ others and exits non-zero, and the supervisor requeues the job.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import math
 import os
 import signal
+import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -43,7 +46,11 @@ def worker_queues(settings: Settings) -> list[str]:
     return queues_served(settings.job_queue, worker_gpus(settings))
 
 
-def trainer_command(job_id: str, worker_id: str, *, ranks: int) -> list[str]:
+def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: float) -> list[str]:
+    """The trainer process of a job: itself for one rank, else the launcher of its `ranks` processes.
+
+    On SIGTERM (a worker shutting down) the launcher passes SIGTERM to every rank and waits
+    `grace_seconds` before it kills them: the same time a one-rank trainer gets to checkpoint."""
     entry = ["-m", "worker.job_process", job_id, worker_id]
     if ranks == 1:
         return [sys.executable, *entry]
@@ -52,9 +59,45 @@ def trainer_command(job_id: str, worker_id: str, *, ranks: int) -> list[str]:
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={ranks}",
-        "--max-restarts=0",
+        "--max-restarts=0",  # restarts are the job's, from its latest checkpoint
+        f"--shutdown-timeout={math.ceil(grace_seconds)}",
     ]
     return [sys.executable, *launcher, *entry]
+
+
+def start_trainer(command: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command, preexec_fn=die_with_parent)
+
+
+def kill_trainer(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the trainer and every process it started (a multi-GPU job's ranks), and reap it.
+
+    The ranks would get only SIGTERM from their launcher's death (`die_with_parent`), which asks them to
+    checkpoint: a trainer killed for overrunning its grace or losing its lease must stop at once. They
+    are found by parent pid rather than by process group, so that stopping a worker's group (a terminal's
+    Ctrl-C, an init system) still reaches its trainer as before."""
+    doomed = [proc.pid, *_descendants(proc.pid)]
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The pids of `pid`'s children, their children, ... (Linux /proc; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def die_with_parent() -> None:

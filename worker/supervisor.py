@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 
@@ -31,7 +30,7 @@ from service.jobs.resources import job_resources
 from service.models import Job
 from service.queue import RUN_JOB_TASK, send_task
 from worker import lease
-from worker.launch import die_with_parent, trainer_command, worker_queues
+from worker.launch import kill_trainer, start_trainer, trainer_command, worker_queues
 from worker.outage import is_outage
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
 
@@ -116,7 +115,9 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
             data=state_event("running", worker=worker_id, attempt=attempt, ranks=gpus),
         )
 
-    proc = subprocess.Popen(trainer_command(job_id, worker_id, ranks=gpus), preexec_fn=die_with_parent)
+    proc = start_trainer(
+        trainer_command(job_id, worker_id, ranks=gpus, grace_seconds=settings.shutdown_grace_seconds)
+    )
     lost_since: float | None = None
     stop_asked: float | None = None
     last_beat = time.monotonic()
@@ -128,8 +129,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
             stop_asked = time.monotonic()
         if stop_asked is not None and time.monotonic() - stop_asked > settings.shutdown_grace_seconds:
             log.warning("job %s: the trainer did not hand back within the grace period; killing it", job_id)
-            proc.kill()
-            proc.wait()
+            kill_trainer(proc)
             break
         if time.monotonic() - last_beat < settings.heartbeat_seconds:
             continue
@@ -152,7 +152,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
                 job_id,
                 LOST_LEASE_GRACE_SECONDS,
             )
-            proc.kill()
+            kill_trainer(proc)
     if proc.returncode != 0:
         # the trainer records its own outcome and exits 0; anything else ended it from outside
         with session_scope() as session:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -33,17 +36,19 @@ def test_a_worker_consumes_every_job_size_it_holds() -> None:
 
 
 def test_one_rank_is_a_plain_process_and_more_go_through_torch_distributed_run() -> None:
-    assert launch.trainer_command("ftjob-1", "w", ranks=1) == [
+    assert launch.trainer_command("ftjob-1", "w", ranks=1, grace_seconds=60) == [
         sys.executable,
         "-m",
         "worker.job_process",
         "ftjob-1",
         "w",
     ]
-    cmd = launch.trainer_command("ftjob-1", "w", ranks=4)
+    cmd = launch.trainer_command("ftjob-1", "w", ranks=4, grace_seconds=59.5)
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=4" in cmd and "--standalone" in cmd
     assert "--max-restarts=0" in cmd  # restarts are the job's (from its checkpoint), not the launcher's
+    # the launcher's wait between SIGTERM and SIGKILL to its ranks: the worker's shutdown grace
+    assert "--shutdown-timeout=60" in cmd
     assert cmd[-4:] == ["-m", "worker.job_process", "ftjob-1", "w"]
 
 
@@ -51,3 +56,37 @@ def test_global_batch_is_batch_times_accumulation_times_gpus() -> None:
     assert global_batch_size({"batch_size": 4, "gradient_accumulation_steps": 3}, 2) == 24
     assert global_batch_size({"batch_size": 4}, 8) == 32
     assert global_batch_size({"batch_size": "auto"}, 2) is None
+
+
+def test_killing_a_trainer_kills_the_ranks_it_started(tmp_path: Path) -> None:
+    """A launcher that ignores SIGTERM (as torch.distributed.run does while its ranks checkpoint), with a
+    child that would outlive it: `kill_trainer` leaves neither behind."""
+    child_pid = tmp_path / "child.pid"
+    script = (
+        "import signal, subprocess, sys, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"pathlib.Path({str(child_pid)!r}).write_text(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
+    proc = launch.start_trainer([sys.executable, "-c", script])
+    deadline = time.monotonic() + 30
+    while not child_pid.exists() or not child_pid.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    rank = int(child_pid.read_text())
+    launch.kill_trainer(proc)
+    assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _alive(rank):
+        assert time.monotonic() < deadline, "the launcher's child outlived it"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
