@@ -108,21 +108,48 @@ def _mutmut(work: Path, *args: str, capture: bool = False) -> str:
     return out.stdout if capture else ""
 
 
+# mutmut imports the tests once and forks a child per mutant, which switches the mutant on: code that
+# runs only at import (spec.py builds its pydantic models from the registry then) was already run with
+# the original. Each survivor is therefore tried once more in a fresh process, mutant on from the start.
+FRESH_TIMEOUT_SECONDS = 600
+
+
+def _fails_in_a_fresh_process(work: Path, module: str, name: str) -> bool:
+    env = {**os.environ, **SINGLE_THREADED, "MUTANT_UNDER_TEST": name}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *GUARDS[module]]
+    try:
+        done = subprocess.run(
+            command, cwd=work / "mutants", env=env, capture_output=True, timeout=FRESH_TIMEOUT_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        return False  # a hang is noticed, but counted as a timeout, not a kill
+    # 1: a test failed; 2: the mutant broke the import (collection error); 0: all passed
+    return done.returncode in (1, 2)
+
+
 def run(module: str) -> tuple[int, int, list[str]]:
     """(killed, tried, survivors' names) of one module, after running its mutants."""
     work = _prepare(module)
     _mutmut(work, "run")
     results = _mutmut(work, "results", "--all", "true", capture=True)
-    statuses = dict(re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", results, flags=re.MULTILINE))
-    # a mutant no guarding test runs ("no tests") is a change nothing notices: it counts as surviving
+    statuses = {
+        n: s.strip() for n, s in re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", results, flags=re.MULTILINE)
+    }
+    # a mutant no guarding test runs ("no tests") is a change nothing notices: it counts as surviving,
+    # unless the fresh process (above) kills it
+    for name, status in statuses.items():
+        if status in ("survived", "no tests") and _fails_in_a_fresh_process(work, module, name):
+            statuses[name] = "killed at import"
     survivors = sorted(
-        n for n, s in statuses.items() if s.strip() in ("survived", "suspicious", "timeout", "no tests")
+        n for n, s in statuses.items() if s in ("survived", "suspicious", "timeout", "no tests")
     )
-    tried = [s for s in statuses.values() if s.strip() not in ("not checked", "skipped")]
-    killed = sum(s.strip() == "killed" for s in statuses.values())
+    tried = [s for s in statuses.values() if s not in ("not checked", "skipped")]
+    killed = sum(s in ("killed", "killed at import") for s in statuses.values())
+    at_import = sum(s == "killed at import" for s in statuses.values())
     for name in survivors:
-        print(f"\n--- {name} ({statuses[name].strip()})")
+        print(f"\n--- {name} ({statuses[name]})")
         print(_mutmut(work, "show", name, capture=True).rstrip())
+    print(f"\n{module}: {at_import} mutants killed only in a fresh process (code run at import)")
     return killed, len(tried), survivors
 
 

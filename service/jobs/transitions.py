@@ -54,8 +54,6 @@ def _conflict(job: Job, action: str, allowed: str, code: str) -> Conflict:
         "running": f"; pause it with POST /v1/fine_tuning/jobs/{job.id}/pause",
         "queued": "; it starts when a worker is free",
     }.get(job.status, "")
-    if action == "cancelled":
-        hint = ""
     return Conflict(
         f"job {job.id} {state}; only {allowed} job can be {action}{hint}",
         param="fine_tuning_job_id",

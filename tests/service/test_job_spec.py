@@ -158,7 +158,7 @@ def test_auto_without_a_data_rule_takes_the_registrys_value() -> None:
 def test_nothing_is_read_before_auto_is_resolved() -> None:
     m = method("supervised")
     for read in (learning_rate, trainer_fields, hyperparameter_problem):
-        with pytest.raises(ValueError, match="resolved first"):
+        with pytest.raises(ValueError, match=r"^hyperparameters must be resolved first$"):
             read(m)
 
 

@@ -9,11 +9,14 @@ The rows live in a database of this module's own, away from the e2e worker's rec
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,7 +27,7 @@ from service.ids import new_id
 from service.jobs import transitions
 from service.models import Job, JobEvent, Tenant
 from service.queue import RUN_JOB_TASK
-from tests.conftest import IDLE_QUEUE
+from tests.conftest import IDLE_BROKER, IDLE_QUEUE
 from tests.helpers import own_database
 
 Waiting = Callable[[], list[tuple[str, list[Any]]]]
@@ -61,11 +64,20 @@ def _job(tenant: Tenant, status: str, **values: Any) -> str:
                 method={"type": "supervised", "supervised": {"hyperparameters": {}}},
                 seed=0,
                 status=status,
-                queue=IDLE_QUEUE,
-                **values,
+                **({"queue": IDLE_QUEUE} | values),
             )
         )
     return job_id
+
+
+def _sent_to(queue: str) -> list[str]:
+    """The job ids of the run messages waiting in `queue` of the idle broker (no worker consumes it)."""
+    broker = redis.Redis.from_url(IDLE_BROKER)
+    try:
+        bodies = [json.loads(base64.b64decode(json.loads(m)["body"])) for m in broker.lrange(queue, 0, -1)]
+    finally:
+        broker.close()
+    return [args[0] for args, _, _ in bodies]
 
 
 def _row(job_id: str) -> Job:
@@ -162,13 +174,18 @@ def test_only_a_queued_or_running_job_can_be_paused(tenant: Tenant, status: str,
 def test_resume_queues_a_paused_job_and_sends_its_run_message_after_commit(
     tenant: Tenant, idle_broker: Waiting
 ) -> None:
-    job_id = _job(tenant, "paused", worker_id="w1", heartbeat_at=5.0, queued_at=1.0, dispatched_at=1.0)
+    # a 2-GPU job: its message goes to its own queue, not the pool's default one
+    queue = f"{IDLE_QUEUE}.gpus2"
+    job_id = _job(
+        tenant, "paused", worker_id="w1", heartbeat_at=5.0, queued_at=1.0, dispatched_at=1.0, queue=queue
+    )
     before = time.time()
     with session_scope() as session:
         job = transitions.resume_job(session, tenant=tenant, job_id=job_id)
         assert job.status == "queued"
-        assert (RUN_JOB_TASK, [job_id]) not in idle_broker()  # not before the commit
-    assert (RUN_JOB_TASK, [job_id]) in idle_broker()
+        assert job_id not in _sent_to(queue)  # not before the commit
+    assert job_id in _sent_to(queue)  # (other tests' 2-GPU jobs may wait there too)
+    assert (RUN_JOB_TASK, [job_id]) not in idle_broker()
     row = _row(job_id)
     assert (row.status, row.worker_id, row.heartbeat_at) == ("queued", None, None)
     assert row.queued_at is not None and row.queued_at == row.dispatched_at and row.queued_at >= before

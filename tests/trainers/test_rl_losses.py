@@ -346,8 +346,23 @@ def test_the_default_clip_range_is_0_2() -> None:
     loss, metrics = grpo_loss(logps, old, None, adv, mask, max_completion_length=5)
     assert (loss, metrics) == grpo_loss(logps, old, None, adv, mask, epsilon=0.2, max_completion_length=5)
     assert metrics["clip_ratio"] > 0  # the ratios reach past 0.8 and 1.2
+    assert "kl" not in metrics  # no KL term, no KL metric
     seq_old = (old * mask).sum(1)
     assert rloo_loss(logps, seq_old, adv, mask) == rloo_loss(logps, seq_old, adv, mask, epsilon=0.2)
+    values, old_values, returns = torch.zeros(4, 5), logps, -logps  # value moves far past ±0.2
+    ppo = ppo_loss(logps, old, values, old_values, adv.unsqueeze(1).expand(4, 5), returns, mask)
+    explicit = ppo_loss(
+        logps,
+        old,
+        values,
+        old_values,
+        adv.unsqueeze(1).expand(4, 5),
+        returns,
+        mask,
+        cliprange=0.2,
+        cliprange_value=0.2,
+    )
+    assert ppo == explicit
 
 
 def test_a_batch_of_one_token_is_its_own_mean() -> None:
@@ -384,3 +399,7 @@ def test_a_kl_penalty_needs_the_reference() -> None:
     logps, old, mask = _spread(2, 3)
     with pytest.raises(ValueError, match=r"^beta > 0 needs reference log-probs$"):
         grpo_loss(logps, old, None, torch.ones(2), mask, beta=0.1, max_completion_length=3)
+    with pytest.raises(
+        ValueError, match=r"^loss_type must be one of \('grpo', 'dr_grpo', 'dapo'\), not 'bnpo'$"
+    ):
+        grpo_loss(logps, old, None, torch.ones(2), mask, loss_type="bnpo", max_completion_length=3)
