@@ -8,6 +8,8 @@ runs a `resources.gpus: 2` job as 2 gloo ranks launched by torch.distributed.run
   a wrong share of the batch or a wrong denominator moves the loss by more than 1e-2.
 - Killing one rank mid-job ends the run (no rank left hanging), the job is requeued as a charged restart
   and resumes from its latest checkpoint on a fresh pair of ranks.
+- Pause, resume and cancel reach both ranks: they stop at the same step, a paused job resumes on a fresh
+  pair of ranks from its checkpoint, and no rank outlives a cancelled job.
 - A job that asks for more GPUs than any live worker has stays queued, with the reason in its events.
 
 The worker's "GPUs" are CPU processes here (no GPU in CI); on a GPU host the same path runs NCCL.
@@ -181,6 +183,64 @@ def test_a_killed_rank_restarts_the_job_from_its_checkpoint(two_gpu_stack: httpx
     # every step's metrics are there once the job is done: 16 rows / 2 per micro-batch / 2 ranks a step
     assert [r["step"] for r in _steps(client, job_id)] == list(range(1, 4 * EPOCHS + 1))
     assert pids[0] is not None and not Path(f"/proc/{pids[0]}").exists()  # the first rank 0 is gone
+
+
+def _ranks_gone(job_id: str, pids: list[int], timeout: float = 60) -> None:
+    """Every rank of the job has exited: none left hanging in a collective."""
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) or trainer_pid(job_id) is not None:
+        assert time.monotonic() < deadline, f"a rank of {job_id} outlived its job"
+        time.sleep(0.1)
+
+
+def _both_ranks(job_id: str, timeout: float = 180) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while None in (pids := [trainer_pid(job_id, rank=r) for r in (0, 1)]):
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.05)
+    return [pid for pid in pids if pid is not None]
+
+
+def test_pause_resume_and_cancel_reach_every_rank(two_gpu_stack: httpx.Client) -> None:
+    client = two_gpu_stack
+    train = upload_ok(client, chat_rows(16))
+    hp = {"n_epochs": EPOCHS, "batch_size": 2, "save_steps": 0, "learning_rate": 1e-3}
+    job = _create(
+        client, {"training_file": train, "method": _method("supervised", **hp), "resources": {"gpus": 2}}
+    )
+    job_id = job["id"]
+    first = _both_ranks(job_id)
+    deadline = time.monotonic() + 120
+    while client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"] < 2:
+        assert time.monotonic() < deadline, "the job made no step"
+        time.sleep(0.05)
+
+    # pause: rank 0 hears it, every rank stops at the same step, and a checkpoint of that step is kept
+    assert client.post(f"/v1/fine_tuning/jobs/{job_id}/pause").status_code == 200
+    paused = wait_for(client, job_id, ("paused", "failed", "succeeded"), timeout=120)
+    assert paused["status"] == "paused", paused
+    _ranks_gone(job_id, first)
+    kept = _checkpoint_steps(client, job_id)
+    assert kept and 2 <= kept[-1] < 4 * EPOCHS, kept
+
+    # resume: a fresh pair of ranks continues from that checkpoint
+    assert client.post(f"/v1/fine_tuning/jobs/{job_id}/resume").status_code == 200
+    second = _both_ranks(job_id)
+    assert set(second).isdisjoint(first)
+    deadline = time.monotonic() + 120
+    while client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"] <= kept[-1]:
+        assert time.monotonic() < deadline, "the resumed job made no step"
+        time.sleep(0.05)
+    events = [e["message"] for e in all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/events")]
+    assert f"Resuming from the checkpoint at step {kept[-1]}" in " ".join(events), events
+
+    # cancel: both ranks stop, and the job ends cancelled, not failed by a broken collective
+    assert client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").status_code == 200
+    _ranks_gone(job_id, second)
+    done = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
+    assert (done["status"], done["error"]) == ("cancelled", None), done
+    steps = [r["step"] for r in _steps(client, job_id)]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) < 4 * EPOCHS  # each step once
 
 
 def test_a_job_bigger_than_every_worker_waits_and_says_why(two_gpu_stack: httpx.Client) -> None:
