@@ -13,6 +13,7 @@ import base64
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,13 +22,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 import service.db
+import service.queue
+from service.config import Settings
 from service.db import session_scope
 from service.errors import Conflict, NotFound
 from service.ids import new_id
 from service.jobs import transitions
 from service.models import Job, JobEvent, Tenant
 from service.queue import RUN_JOB_TASK
-from tests.conftest import IDLE_BROKER, IDLE_QUEUE
+from tests.conftest import IDLE_BROKER, IDLE_QUEUE, free_port
 from tests.helpers import own_database
 
 Waiting = Callable[[], list[tuple[str, list[Any]]]]
@@ -195,6 +198,21 @@ def test_resume_queues_a_paused_job_and_sends_its_run_message_after_commit(
             {"kind": "job.resumed", "status": "queued"},
         )
     ]
+
+
+def test_resume_with_the_broker_down_leaves_the_job_queued_and_marked_unsent(
+    tenant: Tenant, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The send after commit fails: the job stays queued, with no `dispatched_at`, so the next
+    reconciler pass sends it at once instead of waiting out a dispatch timeout."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    app = service.queue.make_celery(Settings(broker_url=dead, data_dir=tmp_path))
+    monkeypatch.setattr(service.queue, "get_celery", lambda: app)
+    job_id = _job(tenant, "paused")
+    job = _act(transitions.resume_job, tenant, job_id)
+    row = _row(job_id)
+    assert (job.status, row.status, row.dispatched_at) == ("queued", "queued", None)
+    assert row.queued_at is not None
 
 
 @pytest.mark.parametrize("status", ["queued", "running"])
