@@ -12,6 +12,9 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import sessionmaker
 
+from service.ids import new_id
+from service.models import Job
+
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -163,3 +166,16 @@ def own_database(suffix: str) -> Iterator[sessionmaker[Any]]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def job_row(tenant_id: str, status: str = "queued", **values: Any) -> Job:
+    """A job row as the API stores one (supervised, on the tiny model), for tests that write rows
+    directly; `values` sets or overrides any column."""
+    fields: dict[str, Any] = {
+        "id": new_id("ftjob"),
+        "model": "tunehouse/tiny-llama",
+        "training_file": "file-x",
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {}}},
+        "seed": 0,
+    }
+    return Job(tenant_id=tenant_id, status=status, **(fields | values))

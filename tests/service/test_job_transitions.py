@@ -31,7 +31,7 @@ from service.jobs import transitions
 from service.models import Job, JobEvent, Tenant
 from service.queue import RUN_JOB_TASK
 from tests.conftest import IDLE_BROKER, IDLE_QUEUE, free_port
-from tests.helpers import own_database
+from tests.helpers import job_row, own_database
 
 Waiting = Callable[[], list[tuple[str, list[Any]]]]
 
@@ -56,21 +56,10 @@ def tenant() -> Tenant:
 
 
 def _job(tenant: Tenant, status: str, **values: Any) -> str:
-    job_id = new_id("ftjob")
+    row = job_row(tenant.id, status, **({"queue": IDLE_QUEUE} | values))
     with session_scope() as session:
-        session.add(
-            Job(
-                id=job_id,
-                tenant_id=tenant.id,
-                model="tunehouse/tiny-llama",
-                training_file="file-x",
-                method={"type": "supervised", "supervised": {"hyperparameters": {}}},
-                seed=0,
-                status=status,
-                **({"queue": IDLE_QUEUE} | values),
-            )
-        )
-    return job_id
+        session.add(row)
+    return row.id
 
 
 def _sent_to(queue: str) -> list[str]:

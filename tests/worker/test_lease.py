@@ -20,7 +20,7 @@ from service.ids import new_id
 from service.models import Job, Tenant
 from service.queue import RUN_JOB_TASK
 from tests.conftest import IDLE_QUEUE
-from tests.helpers import own_database
+from tests.helpers import job_row, own_database
 from worker import lease, reaper
 from worker.supervisor import supervise_job
 
@@ -42,18 +42,7 @@ def _job(status: str = "queued", **values: Any) -> str:
         tenant = Tenant(id=new_id("tenant"), name=f"lease-{job_id}")
         session.add(tenant)
         session.flush()
-        session.add(
-            Job(
-                id=job_id,
-                tenant_id=tenant.id,
-                model="tunehouse/tiny-llama",
-                training_file="file-x",
-                method={"type": "supervised", "supervised": {"hyperparameters": {}}},
-                seed=0,
-                status=status,
-                **values,
-            )
-        )
+        session.add(job_row(tenant.id, status, id=job_id, **values))
     return job_id
 
 

@@ -25,10 +25,10 @@ from service.config import Settings
 from service.db import session_scope
 from service.ids import new_id
 from service.jobs.events import add_event
-from service.models import Job, Tenant, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from service.models import Tenant, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from service.webhooks.signing import new_secret
 from tests.conftest import free_port
-from tests.helpers import own_database
+from tests.helpers import job_row, own_database
 from tests.webhook_receiver import Receiver, start_receiver
 from worker.webhooks import backoff_seconds, deliver_due
 
@@ -75,17 +75,7 @@ def _job_and_endpoint(url: str, events: list[str] | None = None) -> tuple[str, s
             id=new_id("wh"), tenant_id=tenant.id, url=url, events=events, secret=secret
         )
         session.add(endpoint)
-        session.add(
-            Job(
-                id=job_id,
-                tenant_id=tenant.id,
-                model="tunehouse/tiny-llama",
-                training_file="file-x",
-                method={"type": "supervised", "supervised": {"hyperparameters": {}}},
-                seed=0,
-                status="queued",
-            )
-        )
+        session.add(job_row(tenant.id, id=job_id))
     return job_id, endpoint.id, secret
 
 
