@@ -90,6 +90,9 @@ def test_the_method_type_is_one_of_the_registry() -> None:
         ({"n_epochs": "many"}, "n_epochs"),
         ({"lora": "yes"}, "lora"),
         ({"n_epoch": 3}, "n_epoch"),  # a typo is an error, not ignored
+        ({"lora_dropout": 1.0}, "lora_dropout"),  # lt 1
+        ({"max_grad_norm": math.inf}, "max_grad_norm"),  # no upper bound, but finite
+        ({"max_grad_norm": math.nan}, "max_grad_norm"),
     ],
 )
 def test_hyperparameters_out_of_range_or_type_name_the_field(
@@ -97,6 +100,27 @@ def test_hyperparameters_out_of_range_or_type_name_the_field(
 ) -> None:
     problems = errors({"type": "supervised", "supervised": {"hyperparameters": hyperparameters}}, Method)
     assert {w.split(".")[2] for w, _ in problems} == {where}, problems
+
+
+def test_an_unbounded_float_is_still_finite() -> None:
+    for value in (math.inf, -math.inf, math.nan):
+        problems = errors(
+            {"type": "ppo", "ppo": {"grader": GRADER, "hyperparameters": {"vf_coef": value}}}, Method
+        )
+        assert {w.split(".")[2] for w, _ in problems} == {"vf_coef"}, (value, problems)
+    assert method("ppo", missing_eos_penalty=-1.5).hyperparameters.model_dump()["missing_eos_penalty"] == -1.5
+    assert errors(
+        {"type": "ppo", "ppo": {"grader": GRADER, "hyperparameters": {"missing_eos_penalty": math.nan}}},
+        Method,
+    )
+
+
+def test_the_models_are_named_after_their_method() -> None:
+    """The names clients see in the OpenAPI schema and GET /v1/methods."""
+    assert BODIES["online_dpo"].__name__ == "OnlineDpoMethod"
+    hp = BODIES["online_dpo"].model_fields["hyperparameters"].annotation
+    assert hp is not None and hp.__name__ == "OnlineDpoHyperparameters"
+    assert BODIES["supervised"].__name__ == "SupervisedMethod"
 
 
 def test_auto_is_taken_only_where_declared() -> None:

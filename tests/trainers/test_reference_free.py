@@ -23,7 +23,7 @@ from trainers.errors import DataError
 from trainers.loop import LossSums
 from trainers.orpo import ORPOConfig, ORPOLoss, train_orpo
 from trainers.preference_data import PreferenceExample, collate_preferences, tokenize_preference_rows
-from trainers.preference_losses import cpo_loss, odds_ratio_loss
+from trainers.preference_losses import cpo_loss, kto_loss, log1mexp, odds_ratio_loss
 
 with warnings.catch_warnings():  # TRL warns, once, that its experimental trainers may change
     warnings.simplefilter("ignore", TRLExperimentalWarning)
@@ -149,6 +149,31 @@ def test_losses_by_hand() -> None:
     assert chosen_rewards.item() == pytest.approx(-2.0)
     with pytest.raises(ValueError, match="loss_type"):
         cpo_loss(torch.tensor([-1.0]), torch.tensor([-1.5]), beta=2.0, loss_type="kto")
+
+
+def test_log1mexp_is_accurate_on_both_sides_of_its_switch() -> None:
+    """log(1 - e^x), against float64, near 0 (where 1 - e^x cancels) and far below it."""
+    x = torch.tensor([-1e-6, -0.1, -0.5, -0.7, -0.69, -1.0, -2.0, -30.0])
+    expected = [math.log(-math.expm1(v)) for v in x.double().tolist()]
+    assert log1mexp(x).tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_defaults_are_the_papers() -> None:
+    """cpo_loss defaults to CPO's sigmoid loss without SimPO's margin; kto_loss weighs both sides 1."""
+    chosen, rejected = torch.tensor([-1.0, -3.0]), torch.tensor([-1.5, -0.5])
+    assert torch.equal(
+        cpo_loss(chosen, rejected, beta=0.5)[0],
+        cpo_loss(chosen, rejected, beta=0.5, loss_type="sigmoid", simpo_gamma=0.0, label_smoothing=0.0)[0],
+    )
+    kl = torch.tensor(0.1)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            kto_loss(chosen, rejected, kl, beta=0.5),
+            kto_loss(chosen, rejected, kl, beta=0.5, desirable_weight=1.0, undesirable_weight=1.0),
+            strict=True,
+        )
+    )
 
 
 # -- data and config errors ---------------------------------------------------------------------------
