@@ -183,7 +183,7 @@ def sentence_bleu(hypothesis: str, reference: str, max_n: int = 4) -> float:
             return 0.0
         log_precision += math.log((matches + smooth) / (total + smooth)) / max_n
     brevity = min(1.0, math.exp(1 - len(ref) / len(hyp)))
-    return min(1.0, brevity * math.exp(log_precision))
+    return brevity * math.exp(log_precision)  # <= 1: every factor is
 
 
 class TextSimilarity:

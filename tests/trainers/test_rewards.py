@@ -12,7 +12,16 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import trainers.rewards
 from trainers.preference_data import encode_prompt_completion
-from trainers.rewards import GraderError, build_grader, sentence_bleu, validate_grader
+from trainers.rewards import (
+    GraderError,
+    MultiGrader,
+    ScoreModel,
+    TextSimilarity,
+    build_grader,
+    reward_name,
+    sentence_bleu,
+    validate_grader,
+)
 
 OUT = "{{sample.output_text}}"
 
@@ -81,6 +90,54 @@ def test_text_similarity() -> None:
     # Hand computation: p1 = 4/4, p2 = (2+1)/(3+1), p3 = 1/3, p4 = 1/2; BP = exp(1 - 6/4).
     expected = (1 * 0.75 * (1 / 3) * 0.5) ** 0.25 * math.exp(-0.5)
     assert sentence_bleu("the capital is lima", ref) == pytest.approx(expected, abs=1e-9)
+
+
+def test_bleu_edges_written_out() -> None:
+    assert (sentence_bleu("", ""), sentence_bleu("lima", ""), sentence_bleu("", "lima")) == (1.0, 0.0, 0.0)
+    ref = "the capital of peru is lima"
+    # longer than the reference (no brevity penalty): p1 = 6/7, p2 = (4+1)/(6+1), p3 = (3+1)/(5+1),
+    # p4 = (2+1)/(4+1), and for 5-grams p5 = (1+1)/(3+1)
+    hyp = "the capital of peru is not lima"
+    p = [6 / 7, 5 / 7, 4 / 6, 3 / 5, 2 / 4]
+    assert sentence_bleu(hyp, ref) == pytest.approx(math.prod(p[:4]) ** (1 / 4), abs=1e-12)
+    assert sentence_bleu(hyp, ref, max_n=5) == pytest.approx(math.prod(p) ** (1 / 5), abs=1e-12)
+    # shorter than n for n = 3, 4: those precisions are (0+1)/(0+1) = 1; BP = exp(1 - 4/2)
+    assert sentence_bleu("lima is", "lima is the capital") == pytest.approx(math.exp(-1), abs=1e-12)
+
+
+def test_reward_names_for_metrics() -> None:
+    def my_reward(prompts: list[str], completions: list[str]) -> list[float]:
+        return [0.0] * len(completions)
+
+    class Unnamed:
+        __name__ = 5  # not a string: not a name
+
+    exact = build_grader(
+        {"type": "string_check", "name": "exact", "operation": "eq", "input": OUT, "reference": "a"}
+    )
+    assert [reward_name(exact, 0), reward_name(my_reward, 1)] == ["exact", "my_reward"]
+    assert [reward_name(lambda p, c: [], 2), reward_name(object(), 3), reward_name(Unnamed(), 4)] == [
+        "reward_2",
+        "reward_3",
+        "reward_4",
+    ]
+
+
+def test_multi_passes_prompts_and_columns_and_names_its_errors() -> None:
+    seen: list[tuple[list[str], dict[str, list[str]]]] = []
+
+    def prompt_length(prompts: list[str], completions: list[str], **columns: list[str]) -> list[float]:
+        seen.append((prompts, columns))
+        return [float(len(p)) for p in prompts]
+
+    close = TextSimilarity("close", "fuzzy_match", OUT, "{{item.ref}}")
+    multi = MultiGrader("both", {"p": prompt_length, "c": close}, "p + c")
+    assert multi(["ab", "abc"], ["Lima", "x"], ref=["Lima", "y"]) == [3.0, 3.0]  # 2 + 1 and 3 + 0
+    assert seen == [(["ab", "abc"], {"ref": ["Lima", "y"]})]
+    assert reward_name(multi, 0) == "both"
+    with pytest.raises(GraderError, match="'q', which is not a grader name") as info:
+        MultiGrader("both", {"p": prompt_length}, "q")
+    assert info.value.param == "grader.calculate_output"
 
 
 def test_multi_formula() -> None:
@@ -187,6 +244,9 @@ def test_score_model(tiny_model_path: Path, tmp_path: Path) -> None:
     assert len(set(scores)) == 3
     with pytest.raises(GraderError, match="cannot load the reward model") as info:
         build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "missing")})
+    assert info.value.param == "grader.model"
+    with pytest.raises(GraderError, match="cannot load the reward model") as info:
+        ScoreModel("rm", str(tmp_path / "missing"))
     assert info.value.param == "grader.model"
     AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=2).save_pretrained(
         tmp_path / "two"
