@@ -373,6 +373,9 @@ def test_a_batch_of_one_token_is_its_own_mean() -> None:
             logp, old, None, torch.tensor([2.0]), mask, loss_type=loss_type, max_completion_length=2
         )
         assert loss.item() == pytest.approx(-1.2 * 2.0) and metrics["clip_ratio"] == 1.0, loss_type
+    # RLOO: one sequence of one token, its ratio e^0.5 clipped at 1.2
+    loss, metrics = rloo_loss(logp, old.sum(1), torch.tensor([2.0]), mask)
+    assert loss.item() == pytest.approx(-1.2 * 2.0) and metrics["clip_ratio"] == 1.0
     z = torch.zeros(1, 2)
     loss, m = ppo_loss(logp, old, z, z, torch.full((1, 2), 2.0), z, mask, vf_coef=0.0)
     assert loss.item() == pytest.approx(-1.2 * 2.0) and m["clip_fraction"] == 1.0
