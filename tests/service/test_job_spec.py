@@ -62,6 +62,13 @@ def test_a_body_for_another_method_is_refused() -> None:
     assert problem == ("", "Value error, method.dpo given but method.type is 'supervised'")
 
 
+def test_a_method_body_holds_only_its_fields() -> None:
+    problems = errors({"type": "supervised", "supervised": {"hyperparameters": {}, "grader": GRADER}}, Method)
+    assert [w for w, _ in problems] == ["supervised.grader"]
+    problems = errors({"type": "supervised", "supervised": {"hyperparameters": {}, "epochs": 3}}, Method)
+    assert [w for w, _ in problems] == ["supervised.epochs"]
+
+
 def test_an_online_method_needs_its_grader() -> None:
     (problem,) = errors({"type": "grpo"}, Method)
     assert problem == ("", "Value error, method.grpo with a 'grader' is required for method 'grpo'")
@@ -91,6 +98,7 @@ def test_the_method_type_is_one_of_the_registry() -> None:
         ({"lora": "yes"}, "lora"),
         ({"n_epoch": 3}, "n_epoch"),  # a typo is an error, not ignored
         ({"lora_dropout": 1.0}, "lora_dropout"),  # lt 1
+        ({"lr_scheduler": "polynomial"}, "lr_scheduler"),  # one of its choices
         ({"max_grad_norm": math.inf}, "max_grad_norm"),  # no upper bound, but finite
         ({"max_grad_norm": math.nan}, "max_grad_norm"),
     ],
