@@ -159,12 +159,17 @@ def test_log1mexp_is_accurate_on_both_sides_of_its_switch() -> None:
 
 
 def test_defaults_are_the_papers() -> None:
-    """cpo_loss defaults to CPO's sigmoid loss without SimPO's margin; kto_loss weighs both sides 1."""
+    """cpo_loss defaults to CPO's sigmoid loss, SimPO's margin to 0; kto_loss weighs both sides 1."""
     chosen, rejected = torch.tensor([-1.0, -3.0]), torch.tensor([-1.5, -0.5])
     assert torch.equal(
         cpo_loss(chosen, rejected, beta=0.5)[0],
         cpo_loss(chosen, rejected, beta=0.5, loss_type="sigmoid", simpo_gamma=0.0, label_smoothing=0.0)[0],
     )
+    simpo = cpo_loss(chosen, rejected, beta=0.5, loss_type="simpo")[0]
+    assert torch.equal(simpo, cpo_loss(chosen, rejected, beta=0.5, loss_type="simpo", simpo_gamma=0.0)[0])
+    # the margin γ is SimPO's alone: CPO's sigmoid loss ignores it
+    sigmoid = cpo_loss(chosen, rejected, beta=0.5, simpo_gamma=0.7)[0]
+    assert torch.equal(sigmoid, cpo_loss(chosen, rejected, beta=0.5)[0])
     kl = torch.tensor(0.1)
     assert all(
         torch.equal(a, b)
