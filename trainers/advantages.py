@@ -25,6 +25,7 @@ from trainers.registry import choices
 SCALE_REWARDS = choices("grpo", "scale_rewards")
 
 
+# -- GRPO ---------------------------------------------------------------------------------------------------
 def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Standard deviation with Bessel's correction, ignoring NaNs (NaN with fewer than 2 values)."""
     mean = torch.nanmean(x, dim=dim, keepdim=True)
@@ -69,6 +70,7 @@ def group_reward_metrics(rewards: torch.Tensor, num_generations: int) -> dict[st
     }
 
 
+# -- PPO ----------------------------------------------------------------------------------------------------
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,6 +148,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
+# -- RLOO ---------------------------------------------------------------------------------------------------
 def sequence_kl(old_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """KL(y) = Σ_t (log π_old(y_t) - log π_ref(y_t)) over each completion's tokens: the paper's
     first-order estimate (Ahmadian et al. 2024, §3), which can be negative per token, unlike GRPO's k3.
@@ -192,6 +195,7 @@ def rloo_advantages(
     return torch.nan_to_num(advantages, nan=0.0)
 
 
+# -- online DPO ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class JudgedPairs:
     """Indices into the 2B completions of B prompts (each prompt's two adjacent), each [B]."""

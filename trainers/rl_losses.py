@@ -25,6 +25,7 @@ GRPO_LOSS_TYPES = choices("grpo", "loss_type")
 ONLINE_DPO_LOSS_TYPES = choices("online_dpo", "loss_type")
 
 
+# -- GRPO ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GRPOLossTerms:
     """Sums over a batch; ``loss = loss_sum / denominator``. Token sums are over masked tokens."""
@@ -136,6 +137,7 @@ def grpo_loss(
     return terms.loss_sum / terms.denominator, metrics
 
 
+# -- PPO ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PPOLossTerms:
     """Sums over the masked tokens of a batch."""
@@ -229,6 +231,7 @@ def ppo_loss(
     return t.loss_sum / n, metrics
 
 
+# -- RLOO ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RLOOLossTerms:
     """Sums over a batch's sequences; ``loss = loss_sum / n_sequences``."""
@@ -286,6 +289,7 @@ def rloo_loss(
     return terms.loss_sum / n, {"clip_ratio": float(terms.clip_sum) / n}
 
 
+# -- online DPO ---------------------------------------------------------------------------------------------
 def online_dpo_loss(
     logps: torch.Tensor,
     ref_logps: torch.Tensor,
