@@ -311,7 +311,8 @@ class PythonGrader:
     ``python -I`` in an empty folder with an empty environment and ``RLIMIT_AS`` of ``memory_mb``; it is
     killed after ``timeout`` seconds. Any failure raises ``GraderError``, which fails the job.
 
-    >>> grader = PythonGrader("length", "def grade(sample, item):\\n    return len(sample['output_text'])")
+    >>> source = "def grade(sample, item):\\n    return len(sample['output_text'])"
+    >>> grader = PythonGrader("length", source, timeout=30, memory_mb=1024)
     >>> grader(["q", "q"], ["ab", "abcd"], answer=["x", "y"])
     [2.0, 4.0]
     """
@@ -321,8 +322,8 @@ class PythonGrader:
         name: str,
         source: str,
         *,
-        timeout: float = 30.0,
-        memory_mb: int = 1024,
+        timeout: float,
+        memory_mb: int,
         param: str = "grader",
     ) -> None:
         self.__name__ = name

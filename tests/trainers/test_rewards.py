@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import inspect
 import math
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import trainers.rewards
+from service.config import Settings
 from trainers.preference_data import encode_prompt_completion
 from trainers.rewards import (
     GraderError,
     MultiGrader,
     ScoreModel,
+    StringCheck,
     TextSimilarity,
     build_grader,
     reward_name,
@@ -90,6 +93,34 @@ def test_text_similarity() -> None:
     # Hand computation: p1 = 4/4, p2 = (2+1)/(3+1), p3 = 1/3, p4 = 1/2; BP = exp(1 - 6/4).
     expected = (1 * 0.75 * (1 / 3) * 0.5) ** 0.25 * math.exp(-0.5)
     assert sentence_bleu("the capital is lima", ref) == pytest.approx(expected, abs=1e-9)
+
+
+def test_template_errors_name_the_variable_and_the_field() -> None:
+    cases = [
+        ("{{sample.text}}", "x", "unknown template variable sample.text", "grader.input"),
+        (OUT, "{{item.missing}}", "the row has no field item.missing", "grader.reference"),
+        (OUT, "{{item.meta.lang}}", "the row has no field item.meta.lang", "grader.reference"),
+    ]
+    for input_, reference, message, param in cases:
+        with pytest.raises(GraderError) as info:
+            StringCheck("c", "eq", input_, reference)(["q"], ["a"], meta=[{"kind": "x"}])
+        assert (str(info.value), info.value.param) == (message, param)
+
+
+def test_templates_read_the_item_and_the_sample_on_either_side() -> None:
+    check = StringCheck("c", "eq", "{{item.answer}}", OUT)
+    assert check(["q", "q"], ["Lima", "Quito"], answer=["Lima", "Lima"]) == [1.0, 0.0]
+    close = TextSimilarity("s", "fuzzy_match", "{{item.answer}}", OUT)
+    assert close(["q", "q"], ["Lima", "Lime"], answer=["Lima", "Lima"]) == [1.0, 0.75]
+
+
+def test_every_grader_is_named_for_its_metrics() -> None:
+    specs = [
+        {"type": "string_check", "name": "a", "operation": "eq", "input": OUT, "reference": "x"},
+        {"type": "text_similarity", "name": "b", "input": OUT, "reference": "x", "evaluation_metric": "bleu"},
+        {**PY, "name": "c", "source": "def grade(sample, item):\n    return 1.0"},
+    ]
+    assert [reward_name(build_grader(s, allow_python=True), 9) for s in specs] == ["a", "b", "c"]
 
 
 def test_bleu_edges_written_out() -> None:
@@ -241,7 +272,7 @@ def test_score_model(tiny_model_path: Path, tmp_path: Path) -> None:
         ids = torch.tensor([encode_prompt_completion(tok, p, c, max_length=1024)])
         with torch.no_grad():
             assert s == pytest.approx(model(input_ids=ids).logits[0, 0].item(), abs=1e-5)
-    assert len(set(scores)) == 3
+    assert len(set(scores)) == 3 and reward_name(grader, 0) == "rm"
     with pytest.raises(GraderError, match="cannot load the reward model") as info:
         build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "missing")})
     assert info.value.param == "grader.model"
@@ -257,6 +288,26 @@ def test_score_model(tiny_model_path: Path, tmp_path: Path) -> None:
 
 
 PY = {"type": "python", "name": "py"}
+
+
+def test_python_grader_limits_default_to_the_servers() -> None:
+    """build_grader's defaults (tests, scripts) are the server's settings defaults: one limit, not two."""
+    defaults = inspect.signature(build_grader).parameters
+    settings = Settings.model_fields
+    assert defaults["python_timeout"].default == settings["python_grader_timeout_seconds"].default == 30.0
+    assert defaults["python_memory_mb"].default == settings["python_grader_memory_mb"].default == 1024
+
+
+def test_python_grader_runs_isolated_in_an_empty_folder_with_no_environment() -> None:
+    source = (
+        "import os, sys\n"
+        "def grade(sample, item):\n"
+        "    folder = os.path.basename(os.getcwd())\n"
+        "    return (1 * (sys.flags.isolated == 1) + 2 * (os.listdir('.') == [])\n"
+        "            + 4 * folder.startswith('grader-') + 8 * (set(os.environ) <= {'LC_CTYPE'}))\n"
+    )
+    grader = build_grader({**PY, "source": source}, allow_python=True)
+    assert grader(["q"], ["a"]) == [15.0]  # python -I, in a fresh temp folder, with an empty environment
 
 
 def test_python_grader_runs_when_allowed() -> None:
@@ -290,5 +341,19 @@ def test_python_grader_failures_raise_grader_error(body: str, message: str) -> N
         python_timeout=2,
         python_memory_mb=256,
     )
-    with pytest.raises(GraderError, match=message):
+    with pytest.raises(GraderError, match=message) as info:
         grader(["q"], ["a"])
+    assert info.value.param == "grader" and str(info.value).startswith("python grader 'py' ")
+
+
+def test_a_crashed_python_grader_reports_its_last_words() -> None:
+    body = (
+        "    import os, sys\n"
+        "    sys.stderr.write('first\\nsecond\\nlast words\\n')\n"
+        "    sys.stderr.flush()\n"
+        "    os._exit(3)"
+    )
+    grader = build_grader({**PY, "source": f"def grade(sample, item):\n{body}"}, allow_python=True)
+    with pytest.raises(GraderError) as info:
+        grader(["q"], ["a"])
+    assert str(info.value) == "python grader 'py' crashed: last words"
