@@ -60,7 +60,11 @@ GUARDS: dict[str, list[str]] = {
         "tests/trainers/test_rloo.py::test_resume_repeats_the_uninterrupted_run",
         "tests/trainers/test_ppo.py::test_resume_repeats_the_uninterrupted_run",
     ],
-    "trainers/checkpoint.py": ["tests/trainers/test_resume.py", "tests/trainers/test_checkpoint_policy.py"],
+    "trainers/checkpoint.py": [
+        "tests/trainers/test_checkpoint.py",
+        "tests/trainers/test_resume.py",
+        "tests/trainers/test_checkpoint_policy.py",
+    ],
 }
 # the modules whose guarding tests take seconds (~45 min in all on 2 cores); the trainers' training
 # code (grpo.py, ppo.py, loop.py, ...) retrains the tiny model per mutant: name it to run it
