@@ -27,6 +27,7 @@ from trainers.rewards import (
 )
 
 OUT = "{{sample.output_text}}"
+PY = {"type": "python", "name": "py"}
 
 
 def test_doctests_pass() -> None:
@@ -220,40 +221,124 @@ def test_multi_formula_is_restricted(formula: str, message: str) -> None:
     assert info.value.param == "grader.calculate_output"
 
 
+SC = {"type": "string_check", "name": "x", "operation": "eq", "input": OUT, "reference": "a"}
+TS = {"type": "text_similarity", "name": "x", "input": OUT, "reference": "a", "evaluation_metric": "bleu"}
+SUB = {"type": "multi", "graders": {"a": SC}, "calculate_output": "a"}
+
+
 @pytest.mark.parametrize(
-    ("spec", "param"),
+    ("spec", "message", "param"),
     [
-        ({"type": "nope"}, "grader.type"),
-        ({"type": "string_check", "name": "x", "operation": "eq", "input": OUT}, "grader.reference"),
+        (["x"], "a grader must be an object", "g"),
         (
-            {"type": "text_similarity", "name": "x", "input": OUT, "reference": "a"},
-            "grader.evaluation_metric",
+            {"type": "nope"},
+            "type must be one of string_check, text_similarity, score_model, multi, python, not 'nope'",
+            "g.type",
         ),
-        ({"type": "score_model", "name": "x"}, "grader.model"),
-        ({"type": "python", "name": "x", "source": "def grade(:"}, "grader.source"),
-        ({"type": "python", "name": "x", "source": "def other(s, i): return 1"}, "grader.source"),
+        ({**SC, "name": ""}, "name must be a non-empty string", "g.name"),
+        ({**SC, "name": 3}, "name must be a non-empty string", "g.name"),
+        ({**SC, "reference": None}, "reference must be a non-empty string", "g.reference"),
+        ({**SC, "input": "{{sample.text}}"}, "unknown template variable sample.text", "g.input"),
+        ({**TS, "reference": "{{sample.answer}}"}, "unknown template variable sample.answer", "g.reference"),
         (
-            {
-                "type": "multi",
-                "graders": {
-                    "a": {
-                        "type": "string_check",
-                        "name": "a",
-                        "operation": "equals",
-                        "input": OUT,
-                        "reference": "x",
-                    }
-                },
-                "calculate_output": "a",
-            },
-            "grader.graders.a.operation",
+            {**TS, "input": "{{ output }}"},
+            "{{ output }} is not a template variable; use {{sample.output_text}} or {{item.<field>}}",
+            "g.input",
+        ),
+        (
+            {**SC, "operation": "equals"},
+            "operation must be one of eq, ne, like, ilike, not 'equals'",
+            "g.operation",
+        ),
+        (
+            {**TS, "evaluation_metric": "rouge"},
+            "evaluation_metric must be one of fuzzy_match, bleu, not 'rouge'",
+            "g.evaluation_metric",
+        ),
+        ({"type": "score_model", "name": "x"}, "model must be a non-empty string", "g.model"),
+        ({**PY, "source": "def grade(:"}, "source does not compile: invalid syntax (line 1)", "g.source"),
+        (
+            {**PY, "source": "def other(s, i): return 1"},
+            "source must define a top-level function grade(sample, item)",
+            "g.source",
+        ),
+        ({**PY, "source": ""}, "source must be a non-empty string", "g.source"),
+        (
+            {"type": "multi", "graders": {}, "calculate_output": "a"},
+            "graders must be a non-empty object of named graders",
+            "g.graders",
+        ),
+        (
+            {"type": "multi", "graders": [SC], "calculate_output": "a"},
+            "graders must be a non-empty object of named graders",
+            "g.graders",
+        ),
+        (
+            {"type": "multi", "graders": {"a b": SC}, "calculate_output": "a"},
+            "grader name 'a b' must be an identifier",
+            "g.graders",
+        ),
+        (
+            {**SUB, "graders": {"a": {**SC, "operation": "equals"}}},
+            "operation must be one of eq, ne, like, ilike, not 'equals'",
+            "g.graders.a.operation",
+        ),
+        (
+            {**SUB, "calculate_output": ""},
+            "calculate_output must be a non-empty string",
+            "g.calculate_output",
         ),
     ],
 )
-def test_validate_names_the_offending_field(spec: dict[str, object], param: str) -> None:
+def test_validation_errors_word_for_word(spec: object, message: str, param: str) -> None:
     with pytest.raises(GraderError) as info:
-        validate_grader(spec)
-    assert info.value.param == param
+        validate_grader(spec, param="g", allow_python=True)
+    assert (str(info.value), info.value.param) == (message, param)
+
+
+def test_python_graders_are_refused_where_disabled_even_inside_multi() -> None:
+    spec = {
+        **SUB,
+        "graders": {"a": SC, "p": {**PY, "source": "def grade(s, i):\n    return 1"}},
+        "calculate_output": "a + p",
+    }
+    with pytest.raises(GraderError) as info:
+        build_grader(spec, param="g")
+    assert (str(info.value), info.value.param) == (
+        "python graders are disabled on this server; the operator must enable them",
+        "g.graders.p.type",
+    )
+
+
+def test_a_built_grader_names_its_own_param_when_it_fails() -> None:
+    """Errors raised while grading name the spec's field under the job's param."""
+    param = "method.grpo.grader"
+    spec = {**SUB, "graders": {"a": {**SC, "reference": "{{item.answer}}"}}}
+    with pytest.raises(GraderError) as info:
+        build_grader(spec, param=param)(["q"], ["x"])
+    assert (str(info.value), info.value.param) == (
+        "the row has no field item.answer",
+        f"{param}.graders.a.reference",
+    )
+    for sub in ({**SC, "reference": "{{item.answer}}"}, {**TS, "reference": "{{item.answer}}"}):
+        with pytest.raises(GraderError) as info:
+            build_grader(sub, param=param)(["q"], ["x"])
+        assert info.value.param == f"{param}.reference"
+    with pytest.raises(GraderError) as info:
+        build_grader({**SUB, "calculate_output": "b"}, param=param)
+    assert info.value.param == f"{param}.calculate_output"
+    looping = {**PY, "source": "def grade(s, i):\n    while True:\n        pass"}
+    grader = build_grader(
+        {**SUB, "graders": {"p": looping}, "calculate_output": "p"},
+        allow_python=True,
+        python_timeout=1,
+        python_memory_mb=256,
+        param=param,
+    )
+    with pytest.raises(GraderError, match="timed out after 1 s") as info:  # the limits reach a sub-grader
+        grader(["q"], ["x"])
+    assert info.value.param == f"{param}.graders.p"
+    assert reward_name(build_grader(SUB), 0) == "multi"  # a multi grader needs no name: its type
 
 
 def test_score_model(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -285,9 +370,6 @@ def test_score_model(tiny_model_path: Path, tmp_path: Path) -> None:
     tok.save_pretrained(tmp_path / "two")
     with pytest.raises(GraderError, match="num_labels=1"):
         build_grader({"type": "score_model", "name": "rm", "model": str(tmp_path / "two")})
-
-
-PY = {"type": "python", "name": "py"}
 
 
 def test_python_grader_limits_default_to_the_servers() -> None:
