@@ -205,3 +205,36 @@ def test_a_state_file_holding_objects_is_not_unpickled(tmp_path: Path) -> None:
     torch.save({"head": Secret()}, folder / "state" / "task.pt")
     with pytest.raises(Exception, match="Weights only load failed"):
         load_task_state(folder)
+
+
+def test_a_failed_save_leaves_nothing_behind_and_says_why(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _model(tiny_model_path)
+    out = tmp_path / "runs" / "job"  # its parents do not exist yet
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tokenizer, "save_pretrained", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        save_checkpoint(out, model=model, tokenizer=tokenizer, state=LoopState(step=1), epoch=0.5, final=True)
+    assert list(out.iterdir()) == []  # no half-written checkpoint, no temporary folder
+
+
+def test_a_scaler_state_is_optional_on_both_sides(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """fp16 runs save a GradScaler state; resuming without a scaler ignores it, and a scaler resumed from
+    a checkpoint without one keeps its own."""
+    model = _model(tiny_model_path)
+    optimizer, _, scaler = _training(model)
+    kwargs: dict[str, Any] = {"model": model, "tokenizer": tokenizer, "epoch": 1.0, "final": False}
+    with_scaler = save_checkpoint(
+        tmp_path, state=LoopState(step=1), optimizer=optimizer, scaler=scaler, **kwargs
+    )
+    without = save_checkpoint(tmp_path, state=LoopState(step=2), optimizer=optimizer, **kwargs)
+    assert restore_training_state(with_scaler.path, optimizer=_training(model)[0]).step == 1
+    fresh = torch.amp.GradScaler("cpu", init_scale=8.0)
+    assert restore_training_state(without.path, optimizer=_training(model)[0], scaler=fresh).step == 2
+    assert fresh.get_scale() == 8.0
