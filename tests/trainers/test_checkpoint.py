@@ -44,6 +44,21 @@ def _training(model: Any) -> tuple[torch.optim.Optimizer, Any, torch.amp.GradSca
     return optimizer, scheduler, torch.amp.GradScaler("cpu", init_scale=1024.0)
 
 
+def _resumable(tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, out: Path, *, step: int) -> Any:
+    """A resumable checkpoint of the tiny model at `step`: an optimizer state, nothing else optional."""
+    model = _model(tiny_model_path)
+    optimizer, _, _ = _training(model)
+    return save_checkpoint(
+        out,
+        model=model,
+        tokenizer=tokenizer,
+        state=LoopState(step=step),
+        epoch=1.0,
+        final=False,
+        optimizer=optimizer,
+    )
+
+
 def test_a_checkpoint_gives_back_everything_it_was_given(
     tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
@@ -94,17 +109,7 @@ def test_a_checkpoint_gives_back_everything_it_was_given(
 def test_a_checkpoint_without_a_task_state_has_none(
     tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
-    model = _model(tiny_model_path)
-    optimizer, _, _ = _training(model)
-    info = save_checkpoint(
-        tmp_path,
-        model=model,
-        tokenizer=tokenizer,
-        state=LoopState(step=1),
-        epoch=0.1,
-        final=False,
-        optimizer=optimizer,
-    )
+    info = _resumable(tiny_model_path, tokenizer, tmp_path, step=1)
     assert load_task_state(info.path) is None
     assert not (info.path / "state" / "scaler.pt").exists()
 
@@ -162,17 +167,7 @@ def test_pruning_keeps_the_newest_and_at_least_one(tmp_path: Path) -> None:
 def test_a_damaged_or_foreign_checkpoint_is_refused_by_name(
     tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
-    model = _model(tiny_model_path)
-    optimizer, _, _ = _training(model)
-    info = save_checkpoint(
-        tmp_path,
-        model=model,
-        tokenizer=tokenizer,
-        state=LoopState(step=2),
-        epoch=1.0,
-        final=False,
-        optimizer=optimizer,
-    )
+    info = _resumable(tiny_model_path, tokenizer, tmp_path, step=2)
     manifest_path = info.path / "state" / "manifest.json"
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     rng = info.path / "state" / "rng.pt"
