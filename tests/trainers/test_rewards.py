@@ -6,6 +6,7 @@ import doctest
 import inspect
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from trainers.preference_data import encode_prompt_completion
 from trainers.rewards import (
     GraderError,
     MultiGrader,
+    PythonGrader,
     ScoreModel,
     StringCheck,
     TextSimilarity,
@@ -439,3 +441,41 @@ def test_a_crashed_python_grader_reports_its_last_words() -> None:
     with pytest.raises(GraderError) as info:
         grader(["q"], ["a"])
     assert str(info.value) == "python grader 'py' crashed: last words"
+
+
+def test_the_edges_of_grading() -> None:
+    # a number from the row is rendered as JSON text
+    assert StringCheck("n", "eq", "{{item.n}}", "3")(["q"], ["x"], n=[3]) == [1.0]
+
+    # a sub-grader that cannot judge a sample leaves the combination unjudged
+    def half(prompts: list[str], completions: list[str], **columns: Any) -> list[float | None]:
+        return [1.0, None]
+
+    multi = MultiGrader("m", {"h": half}, "h")
+    assert multi(["q", "q"], ["a", "b"]) == [1.0, None]
+    # a python sub-grader is refused by validation where python is disabled; validation allows it by default
+    spec = {
+        **SUB,
+        "graders": {"p": {**PY, "source": "def grade(s, i):\n    return 1"}},
+        "calculate_output": "p",
+    }
+    with pytest.raises(GraderError, match="python graders are disabled") as info:
+        validate_grader(spec, allow_python=False)
+    assert info.value.param == "grader.graders.p.type"
+    validate_grader(spec)
+    # graders built directly name the default param
+    with pytest.raises(GraderError) as info:
+        TextSimilarity("t", "bleu", OUT, "{{item.ref}}")(["q"], ["x"])
+    assert info.value.param == "grader.reference"
+    with pytest.raises(GraderError) as info:
+        PythonGrader("p", "def grade(s, i):\n    raise ValueError", timeout=30, memory_mb=256)(["q"], ["x"])
+    assert info.value.param == "grader"
+
+
+def test_the_memory_limit_reaches_a_python_sub_grader() -> None:
+    hungry = {**PY, "source": "def grade(s, i):\n    x = bytearray(2 * 1024**3)\n    return 1.0"}
+    grader = build_grader(
+        {**SUB, "graders": {"p": hungry}, "calculate_output": "p"}, allow_python=True, python_memory_mb=256
+    )
+    with pytest.raises(GraderError, match=r"ran out of memory \(limit 256 MiB\)"):
+        grader(["q"], ["x"])
