@@ -184,7 +184,10 @@ def test_kto_job_on_unpaired_feedback(stack_client: httpx.Client) -> None:
         },
     )
     assert [m["step"] for m in metrics] == list(range(1, 9))
-    assert {"loss", "kl", "logps/chosen", "logps/rejected"} <= set(metrics[-1])
+    assert {"loss", "kl"} <= set(metrics[-1])
+    # a side's metrics are left out of a step with none of its examples (the data order is random here,
+    # and a micro-batch of 4 has no desirable example 1 time in 26), so look over every step
+    assert {"logps/chosen", "logps/rejected"} <= set().union(*metrics)
     assert metrics[-1]["loss"] < metrics[0]["loss"]
     assert metrics[0]["loss"] == pytest.approx(0.5 * (1 + 1.2) / 2, abs=0.05)  # σ(0) at the start
     assert job["method"]["kto"]["hyperparameters"]["undesirable_weight"] == 1.2
