@@ -189,5 +189,7 @@ def test_kto_job_on_unpaired_feedback(stack_client: httpx.Client) -> None:
     # and a micro-batch of 4 has no desirable example 1 time in 26), so look over every step
     assert {"logps/chosen", "logps/rejected"} <= set().union(*metrics)
     assert metrics[-1]["loss"] < metrics[0]["loss"]
-    assert metrics[0]["loss"] == pytest.approx(0.5 * (1 + 1.2) / 2, abs=0.05)  # σ(0) at the start
+    # σ(0) = 0.5 at the start: 0.5 per desirable example, 0.5 x 1.2 per undesirable one, so between 0.5
+    # (a first micro-batch all desirable) and 0.6 (all undesirable); the random order decides the mix
+    assert 0.5 - 1e-3 <= metrics[0]["loss"] <= 0.6 + 1e-3
     assert job["method"]["kto"]["hyperparameters"]["undesirable_weight"] == 1.2
