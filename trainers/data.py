@@ -26,6 +26,7 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from trainers.errors import DataError
+from trainers.example_store import ExampleStore, ExampleWriter
 
 
 class RowFormat(StrEnum):
@@ -102,13 +103,14 @@ def tokenize_sft_rows(
     *,
     max_length: int,
     param: str = "training_file",
-) -> list[TokenizedExample]:
-    """Tokenize, mask, truncate and filter ``rows``; raise ``DataError`` if nothing trainable remains."""
+) -> ExampleStore[TokenizedExample]:
+    """Tokenize, mask, truncate and filter ``rows`` into an on-disk store; raise ``DataError`` if nothing
+    trainable remains."""
     fmt = first_row_format(
         rows, detect_format, expected='{"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
-    examples: list[TokenizedExample] = []
+    examples = ExampleWriter(TokenizedExample)
     n_truncated_away = 0
     for line, row in rows_in_format(rows, detect_format, fmt, param=param):
         with row_errors(line, fmt, param=param):
@@ -127,7 +129,7 @@ def tokenize_sft_rows(
         raise DataError(
             "no example has trainable tokens (e.g. no assistant message with weight 1)", param=param
         )
-    return examples
+    return examples.finish()
 
 
 def _segments(

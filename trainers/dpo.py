@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import TrainingConfig
 from trainers.entry import Rows, begin_training, tokenize_splits
+from trainers.example_store import ExampleStore, ExampleWriter
 from trainers.loop import LossSums, TrainingTask, run_training
 from trainers.modeling import autocast_dtype, load_model, pick_device
 from trainers.preference_data import (
@@ -258,9 +259,9 @@ def precompute_reference_log_probs(
     pad_token_id: int,
     device: torch.device,
     compute_dtype: torch.dtype | None = None,
-) -> list[PreferenceExample]:
+) -> ExampleStore[PreferenceExample]:
     """``examples`` with their reference log-probs attached, computed ``batch_size`` pairs at a time."""
-    out: list[PreferenceExample] = []
+    out = ExampleWriter(PreferenceExample)
     ctx = partial(torch.autocast, device.type, dtype=compute_dtype) if compute_dtype else nullcontext
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
@@ -268,10 +269,9 @@ def precompute_reference_log_probs(
         with ctx():
             logps = reference(batch)
         chosen, rejected = logps[: len(chunk)], logps[len(chunk) :]
-        out += [
-            e.with_ref_logps(c, r) for e, c, r in zip(chunk, chosen.tolist(), rejected.tolist(), strict=True)
-        ]
-    return out
+        for e, c, r in zip(chunk, chosen.tolist(), rejected.tolist(), strict=True):
+            out.append(e.with_ref_logps(c, r))
+    return out.finish()
 
 
 def build_dpo_task(

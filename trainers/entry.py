@@ -55,8 +55,8 @@ def begin_training(
 
 
 def tokenize_splits(
-    tokenize: Callable[..., list[T]], train_rows: Rows, valid_rows: Rows | None
-) -> tuple[list[T], list[T] | None]:
+    tokenize: Callable[..., Sequence[T]], train_rows: Rows, valid_rows: Rows | None
+) -> tuple[Sequence[T], Sequence[T] | None]:
     """``tokenize(rows, param=...)`` on the training rows and, when given, the validation rows."""
     train = tokenize(train_rows, param="training_file")
     return train, tokenize(valid_rows, param="validation_file") if valid_rows else None

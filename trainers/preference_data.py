@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainers.data import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
 from trainers.errors import DataError
+from trainers.example_store import ExampleStore, ExampleWriter
 
 __all__ = [
     "PreferenceBatch",
@@ -82,8 +83,9 @@ def tokenize_preference_rows(
     max_length: int,
     max_prompt_length: int | None = None,
     param: str = "training_file",
-) -> list[PreferenceExample]:
-    """Tokenize and truncate ``rows``; raise ``DataError`` (with ``param``) when no usable pair remains."""
+) -> ExampleStore[PreferenceExample]:
+    """Tokenize and truncate ``rows`` into an on-disk store; raise ``DataError`` (with ``param``) when no
+    usable pair remains."""
     fmt = first_row_format(
         rows,
         detect_preference_format,
@@ -91,7 +93,7 @@ def tokenize_preference_rows(
         param=param,
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
-    examples: list[PreferenceExample] = []
+    examples = ExampleWriter(PreferenceExample)
     n_truncated_away = 0
     for line, row in rows_in_format(rows, detect_preference_format, fmt, param=param):
         with row_errors(line, fmt, param=param):
@@ -121,7 +123,7 @@ def tokenize_preference_rows(
                 param="hyperparameters.max_length",
             )
         raise DataError("no usable preference pair", param=param)  # pragma: no cover (rows is non-empty)
-    return examples
+    return examples.finish()
 
 
 def encode_prompt_completion(

@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainers.data import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
 from trainers.errors import DataError
+from trainers.example_store import ExampleStore, ExampleWriter
 from trainers.preference_data import (
     SequenceRows,
     _encode,
@@ -82,8 +83,9 @@ def tokenize_unpaired_rows(
     max_length: int,
     max_prompt_length: int | None = None,
     param: str = "training_file",
-) -> list[UnpairedExample]:
-    """Tokenize and truncate ``rows``; raise ``DataError`` (with ``param``) when no usable row remains.
+) -> ExampleStore[UnpairedExample]:
+    """Tokenize and truncate ``rows`` into an on-disk store; raise ``DataError`` (with ``param``) when
+    no usable row remains.
 
     Preference pairs are accepted too, unpaired as TRL's KTO does: each pair gives a desirable example
     (the chosen completion) and an undesirable one (the rejected completion), with the same prompt.
@@ -92,11 +94,11 @@ def tokenize_unpaired_rows(
         pairs = tokenize_preference_rows(
             rows, tokenizer, max_length=max_length, max_prompt_length=max_prompt_length, param=param
         )
-        return [
-            UnpairedExample(pair.prompt_ids, completion, label)
-            for pair in pairs
-            for completion, label in ((pair.chosen_ids, True), (pair.rejected_ids, False))
-        ]
+        unpaired = ExampleWriter(UnpairedExample)
+        for pair in pairs:
+            unpaired.append(UnpairedExample(pair.prompt_ids, pair.chosen_ids, True))
+            unpaired.append(UnpairedExample(pair.prompt_ids, pair.rejected_ids, False))
+        return unpaired.finish()
     fmt = first_row_format(
         rows,
         detect_unpaired_format,
@@ -104,7 +106,7 @@ def tokenize_unpaired_rows(
         param=param,
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
-    examples: list[UnpairedExample] = []
+    examples = ExampleWriter(UnpairedExample)
     n_truncated_away = 0
     for line, row in rows_in_format(rows, detect_unpaired_format, fmt, param=param):
         with row_errors(line, fmt, param=param):
@@ -133,7 +135,7 @@ def tokenize_unpaired_rows(
                 param="hyperparameters.max_length",
             )
         raise DataError("no usable row", param=param)  # pragma: no cover (rows is non-empty)
-    return examples
+    return examples.finish()
 
 
 def _prompt_and_completion(row: Mapping[str, Any], fmt: UnpairedFormat) -> tuple[Any, Any]:
