@@ -19,7 +19,6 @@ previous checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -29,7 +28,6 @@ import tempfile
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select
 
@@ -43,6 +41,7 @@ from service.storage import BlobStore, BlobStoreUnavailable, get_blob_store
 from trainers import distributed
 from trainers.distributed import CollectiveError
 from trainers.errors import DataError
+from trainers.jsonl_rows import JsonlRows
 from trainers.loop import NullCallbacks, StopRequest
 from worker import lease
 from worker.checkpoints import restore_latest_checkpoint
@@ -67,15 +66,15 @@ class JobSpecError(Exception):
         self.message, self.param, self.code = message, param, code
 
 
-def read_rows(blobs: BlobStore, file_row: File | None, *, param: str) -> list[dict[str, Any]]:
+def read_rows(blobs: BlobStore, file_row: File | None, *, param: str, workdir: Path) -> JsonlRows:
+    """The file's rows, read from a local copy one at a time: the blob is streamed to ``workdir``, never
+    held in memory, and each row is parsed only when the trainer's tokenizer reaches it."""
     if file_row is None:
         raise JobSpecError(f"{param} was deleted before the job ran", param=param, code="file_not_found")
-    rows = []
-    with blobs.open(file_row.blob_key) as fh:
-        for raw in fh:
-            if raw.strip():
-                rows.append(json.loads(raw))
-    return rows
+    local = workdir / f"{param}.jsonl"
+    with local.open("wb") as fh:
+        blobs.copy_to(file_row.blob_key, fh)
+    return JsonlRows(local, param=param)
 
 
 def _fail(job_id: str, worker_id: str, *, code: str, message: str, param: str | None, fault: str) -> None:
@@ -116,10 +115,10 @@ def load_inputs(
     model_path = resolve_model_path(
         settings, blobs, tenant_id=job.tenant_id, name=job.model, include_deleted=True
     )
-    train_rows = read_rows(blobs, training, param="training_file")
+    train_rows = read_rows(blobs, training, param="training_file", workdir=workdir)
     valid_rows = None
     if job.validation_file:
-        valid_rows = read_rows(blobs, validation, param="validation_file")
+        valid_rows = read_rows(blobs, validation, param="validation_file", workdir=workdir)
     resume_from, resume_step = restore_latest_checkpoint(blobs, job.id, workdir)
     if resume_from is not None and announce:
         with session_scope() as session:
@@ -174,14 +173,20 @@ def run(job_id: str, worker_id: str) -> None:
         distributed.shutdown()
 
 
+def _make_workdir(prefix: str) -> Path:
+    """The job's scratch folder in the data dir, also where the trainer's tokenized examples spill
+    (``trainers.example_store`` writes to ``tempfile``'s directory): the data disk, not a small /tmp."""
+    workdir = Path(tempfile.mkdtemp(dir=get_settings().data_dir, prefix=prefix))
+    tempfile.tempdir = str(workdir)
+    return workdir
+
+
 def _run_other_rank(job: Job, method: MethodBase) -> None:
     """A rank > 0: train its share; rank 0 reports, checkpoints and records the outcome."""
     # rank 0 prepares the shared inputs first (the demo model is built once, by rank 0: transformers
     # writes weights from the main rank only); if it fails instead, this barrier fails and we exit
     distributed.barrier()
-    workdir = Path(
-        tempfile.mkdtemp(dir=get_settings().data_dir, prefix=f"work-{job.id}-r{distributed.rank()}-")
-    )
+    workdir = _make_workdir(f"work-{job.id}-r{distributed.rank()}-")
     try:
         inputs = _load_retrying(job, method, blobs=get_blob_store(), workdir=workdir, announce=False)
         run_method(method, inputs, NullCallbacks())
@@ -198,7 +203,7 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
     # like OpenAI, a model fine-tuned from a fine-tuned model is named after the original base
     base = job.model.split(":")[1] if job.model.startswith("ft:") else job.model
     fine_tuned_model = f"ft:{base}:{job.tenant_id}:{job.suffix or ''}:{job.id}"
-    workdir = Path(tempfile.mkdtemp(dir=settings.data_dir, prefix=f"work-{job_id}-"))
+    workdir = _make_workdir(f"work-{job_id}-")
     trackers: list[Tracker] = []
     exit_code = 1  # what the trackers' runs end with: 0 once the job succeeded or paused
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.jobs.spec import MethodBase, trainer_fields
+from trainers.entry import Rows
 from trainers.loop import TrainingCallbacks, TrainResult
 from trainers.registry import resolve
 
@@ -24,8 +25,8 @@ class RunInputs:
     output_dir: Path
     seed: int
     resume_from: Path | None
-    train_rows: list[dict[str, Any]]
-    valid_rows: list[dict[str, Any]] | None
+    train_rows: Rows
+    valid_rows: Rows | None
     # RL methods: the job's grader as reward functions (worker/graders.py)
     rewards: RewardSet | None = None
     # the deployment's checkpoint policy (settings.checkpoint_minutes / checkpoint_keep); a job's own
