@@ -38,6 +38,8 @@ GUARDS: dict[str, list[str]] = {
     "trainers/collate.py": ["tests/trainers/test_data.py", "tests/trainers/test_packing.py"],
     "trainers/advantages.py": ["tests/trainers/test_advantages.py"],
     "trainers/rl_losses.py": ["tests/trainers/test_rl_losses.py"],
+    "trainers/example_store.py": ["tests/trainers/test_example_store.py"],
+    "trainers/jsonl_rows.py": ["tests/trainers/test_jsonl_rows.py"],
     "trainers/preference_losses.py": [
         "tests/trainers/test_reference_free.py::test_loss_equals_trl",
         "tests/trainers/test_reference_free.py::test_losses_by_hand",
@@ -79,6 +81,8 @@ DEFAULT = [
     "service/files/validation.py",
     "service/jobs/spec.py",
     "service/jobs/transitions.py",
+    "trainers/example_store.py",
+    "trainers/jsonl_rows.py",
 ]
 COPIED = (
     "service",
