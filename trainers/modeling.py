@@ -152,3 +152,22 @@ def load_sequence_classifier(
     if settings.gradient_checkpointing:
         _enable_gradient_checkpointing(model)
     return torch.nn.Module.to(model, device)
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """The causal LM's decoder (inputs → final hidden states) and its LM head, for the architectures
+    whose logits are exactly ``hidden @ head.weight.T`` (``PLAIN_HEAD_MODELS``) with a bias-free head not
+    adapted by LoRA. None otherwise (another architecture may scale or soft-cap its logits): the caller
+    then runs the whole model."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not isinstance(base, PreTrainedModel) or base.config.model_type not in PLAIN_HEAD_MODELS:
+        return None
+    head = base.get_output_embeddings()  # type: ignore[no-untyped-call]
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    return base.get_decoder(), head
+
+
+# transformers architectures whose forward computes ``logits = self.lm_head(hidden_states)`` and nothing
+# more (checked in transformers 5.x's modeling files); others keep the whole-model path
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})

@@ -27,8 +27,8 @@ from trainers.config import TrainingConfig
 from trainers.data import TokenizedExample, tokenize_sft_rows
 from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.losses import next_token_cross_entropy
-from trainers.modeling import load_model, pick_device
+from trainers.losses import IGNORE_INDEX, linear_cross_entropy, next_token_cross_entropy
+from trainers.modeling import decoder_and_head, load_model, pick_device
 
 if TYPE_CHECKING:
     from trainers.rl import RewardSet
@@ -54,18 +54,29 @@ class SFTConfig(TrainingConfig):
 def sft_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
     """Summed target-token cross-entropy and correct-token count of one micro-batch.
 
-    The LM head runs only at the positions that predict a target (``logits_to_keep``): prompts and
-    padding never get [*, V] logits, the largest tensor of a small model's step.
+    Only the positions that predict a target get logits: prompts and padding never reach the LM head.
+    Where the model's logits are a plain ``hidden @ W.T`` (``modeling.decoder_and_head``), the decoder
+    runs alone and ``losses.linear_cross_entropy`` applies the head chunk by chunk, so even the targets'
+    [N, V] logits (the largest tensors of a small model's step) are never held at once; otherwise the
+    model runs with ``logits_to_keep``.
     """
     keep = batch.logit_positions
-    logits = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,  # also required for packing: with a cache, transformers ignores packed position ids
-        logits_to_keep=keep,
-    ).logits
-    sums = next_token_cross_entropy(logits, batch.labels[:, keep + 1])
+    targets = batch.labels[:, keep + 1]
+    inputs = {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+        "use_cache": False,  # also required for packing: with a cache, transformers ignores packed positions
+    }
+    split = decoder_and_head(model)
+    if split is None:
+        logits = model(**inputs, logits_to_keep=keep).logits
+        sums = next_token_cross_entropy(logits, targets)
+    else:
+        decoder, head = split
+        hidden = decoder(**inputs).last_hidden_state[:, keep]
+        mask = targets != IGNORE_INDEX
+        sums = linear_cross_entropy(hidden[mask], head.weight, targets[mask])
     return LossSums(loss=sums.loss_sum, metrics={"mean_token_accuracy": sums.n_correct})
 
 

@@ -9,12 +9,13 @@ from typing import Any
 import datasets
 import pytest
 import torch
+import torch.nn.functional as F
 import trl
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from trainers.collate import SFTBatch, pad_batch
 from trainers.data import tokenize_sft_rows
-from trainers.losses import IGNORE_INDEX, target_positions, token_cross_entropy
+from trainers.losses import IGNORE_INDEX, linear_cross_entropy, target_positions, token_cross_entropy
 from trainers.sft import sft_loss
 
 
@@ -125,3 +126,46 @@ def test_token_cross_entropy_shifts_labels_by_one() -> None:
     assert sums.n_tokens == count == 5  # labels[:, 0] is never a target: nothing predicts it
     assert sums.loss_sum.item() == pytest.approx(expected, abs=1e-5)
     assert int(sums.n_correct) == correct
+
+
+@pytest.mark.parametrize("chunk_rows", [3, 10, None])
+def test_linear_cross_entropy_equals_the_cross_entropy_of_the_whole_logits(chunk_rows: int | None) -> None:
+    """The chunked head + loss gives the loss, accuracy count and gradients of ``hidden @ weight.T`` fed
+    to cross-entropy whole: over uneven chunks (3 rows of 10), one chunk, and the default size."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(40, 16, generator=generator, requires_grad=True)
+    targets = torch.randint(0, 40, (10,), generator=generator)
+    targets[:4] = (hidden[:4] @ weight.T).argmax(dim=-1)  # some right answers to count
+
+    logits = hidden @ weight.T
+    expected = F.cross_entropy(logits, targets, reduction="sum")
+    (expected * 0.37).backward()  # an upstream gradient other than 1, as the loop's normalisation gives
+    expected_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad, weight.grad = None, None
+
+    sums = linear_cross_entropy(hidden, weight, targets, chunk_rows=chunk_rows)
+    (sums.loss_sum * 0.37).backward()
+    assert sums.loss_sum.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert int(sums.n_correct) == int((logits.argmax(dim=-1) == targets).sum()) >= 4
+    assert sums.n_tokens == 10
+    assert torch.allclose(hidden.grad, expected_grads[0], atol=1e-6)
+    assert torch.allclose(weight.grad, expected_grads[1], atol=1e-6)
+
+
+def test_linear_cross_entropy_with_a_frozen_head_under_autocast() -> None:
+    """LoRA freezes the head: only the hidden states get a gradient. Under bf16 autocast the head is still
+    applied in float32 (the loss is the float32 one, not bf16's)."""
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(6, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(20, 8, generator=generator)
+    targets = torch.randint(0, 20, (6,), generator=generator)
+    expected = F.cross_entropy(hidden @ weight.T, targets, reduction="sum")
+    expected.backward()
+    expected_grad, hidden.grad = hidden.grad.clone(), None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sums = linear_cross_entropy(hidden, weight, targets, chunk_rows=4)
+    sums.loss_sum.backward()
+    assert sums.loss_sum.dtype == torch.float32
+    assert sums.loss_sum.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.allclose(hidden.grad, expected_grad, atol=1e-6)

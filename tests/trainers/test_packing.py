@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder
+from trainers import losses, modeling
 from trainers.collate import SFTBatch, best_fit_decreasing, pack_batch, pad_batch
 from trainers.data import TokenizedExample, tokenize_sft_rows
 from trainers.losses import IGNORE_INDEX, target_positions, token_cross_entropy
@@ -87,13 +88,26 @@ def test_packed_equals_padded(
     assert max(abs(leaky[i] - alone[i]) for i in range(len(examples)) if i not in firsts) > 1e-3
 
 
+@pytest.mark.parametrize("head", ["chunked", "whole_model"])
 @pytest.mark.parametrize("packing", [False, True])
 def test_loss_at_target_positions_equals_the_full_logits_loss(
-    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]], packing: bool
+    tiny_model_path: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    packing: bool,
+    head: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``sft_loss`` runs the LM head at target positions only: same loss, gradient and accuracy as the
-    cross-entropy of the full [B, T, V] logits."""
+    """``sft_loss`` runs the LM head at target positions only: same loss, gradients and accuracy as the
+    cross-entropy of the full [B, T, V] logits, whether the head is applied in chunks after the decoder
+    (here 7 rows a chunk, so that a batch spans many) or by the model itself (an architecture the chunked
+    path does not know)."""
+    if head == "chunked":
+        monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 7 * 512)  # the tiny vocabulary has 512 tokens
+    else:
+        monkeypatch.setattr(modeling, "PLAIN_HEAD_MODELS", frozenset())
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert (modeling.decoder_and_head(model) is None) == (head == "whole_model")
     examples = tokenize_sft_rows(demo_rows[:6], tokenizer, max_length=1024)
     pad_id = tokenizer.pad_token_id
     batch = (
@@ -111,15 +125,17 @@ def test_loss_at_target_positions_equals_the_full_logits_loss(
         use_cache=False,
     ).logits
     full = token_cross_entropy(full_logits, batch.labels)
-    full.loss_sum.backward()
-    full_grad = model.lm_head.weight.grad.clone()
+    (full.loss_sum / batch.n_targets).backward()  # as the loop does: the upstream gradient is not 1
+    full_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
 
     sliced = sft_loss(model, batch)
-    sliced.loss.backward()
+    (sliced.loss / batch.n_targets).backward()
     assert sliced.loss.item() == pytest.approx(full.loss_sum.item(), rel=1e-6)
     assert float(sliced.metrics["mean_token_accuracy"]) == float(full.n_correct)
-    assert torch.allclose(model.lm_head.weight.grad, full_grad, atol=1e-6)
+    # the head's gradient, and through the hidden states' gradient every layer's below it
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, full_grads[name], atol=1e-6), name
 
 
 def test_packed_training_matches_padded_training(
