@@ -54,6 +54,7 @@ GUARDS: dict[str, list[str]] = {
     "trainers/rl.py": ["tests/trainers/test_rl.py", "tests/trainers/test_grpo.py"],
     "trainers/rewards.py": ["tests/trainers/test_rewards.py"],
     "trainers/loop.py": [
+        "tests/trainers/test_loop.py",
         "tests/trainers/test_sft_training.py",
         "tests/trainers/test_resume.py",
         "tests/trainers/test_checkpoint_policy.py",

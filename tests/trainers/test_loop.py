@@ -1,0 +1,277 @@
+"""trainers.loop's bookkeeping, on the tiny model: how many steps a run has (epochs, accumulation, reused
+rollouts, max_steps, a resumed position), the warmup it lays over them, what cancel and pause hand
+back, the extra module it trains, and the mixed-precision plumbing.
+
+The loop's arithmetic is checked against an independent enumeration of a run's steps, not against
+the formula it uses. Where CUDA decides (``modeling.autocast_dtype`` answers None on a CPU), the tests
+replace that one decision so that the loop's bf16 and fp16 branches run on the CPU: a stand-in for the
+GPU this suite does not have; the branches themselves are the real code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerBase
+
+import trainers.loop as loop
+from tests.trainers.helpers import Recorder
+from trainers import distributed
+from trainers.checkpoint import LoopState, checkpoint_dir
+from trainers.collate import SFTBatch, pad_batch
+from trainers.data import TokenizedExample, tokenize_sft_rows
+from trainers.loop import LossSums, PreparedStep, StopRequest, TrainingTask, run_training
+from trainers.modeling import load_model
+from trainers.schedule import lr_multiplier
+from trainers.sft import SFTConfig, sft_loss
+
+CPU = torch.device("cpu")
+
+
+class RepeatingPreparer:
+    """A stand-in for a rollout: trains on each group of examples ``steps_per_rollout`` times."""
+
+    def __init__(self, collate: Callable[[Sequence[TokenizedExample]], SFTBatch], repeats: int) -> None:
+        self.collate, self.steps_per_rollout = collate, repeats
+        self.calls: list[tuple[int, int]] = []  # (micro-batches, repeat)
+
+    def prepare(
+        self, model: torch.nn.Module, examples: list[Sequence[TokenizedExample]], repeat: int
+    ) -> PreparedStep[SFTBatch]:
+        self.calls.append((len(examples), repeat))
+        return PreparedStep([self.collate(e) for e in examples], {"repeat": float(repeat)})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": len(self.calls)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def _task(
+    config: SFTConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, Any]],
+    *,
+    repeats: int = 1,
+    loss_fn: Callable[[torch.nn.Module, SFTBatch], LossSums] = sft_loss,
+    extra: torch.nn.Module | None = None,
+) -> TrainingTask[TokenizedExample, SFTBatch]:
+    examples = tokenize_sft_rows(rows, tokenizer, max_length=64)
+    collate = partial(pad_batch, pad_token_id=tokenizer.pad_token_id)
+    preparer = RepeatingPreparer(collate, repeats) if repeats > 1 else None
+    model = load_model(config, CPU)
+    return TrainingTask(
+        model, tokenizer, examples, collate, loss_fn, preparer=preparer, extra_trainable=extra
+    )
+
+
+def schedule(n: int, batch: int, accum: int, epochs: int, repeats: int) -> list[tuple[int, int, int]]:
+    """Every optimizer step of a run, in order, as (epoch, first micro-batch, repeat): enumerated."""
+    micro = math.ceil(n / batch)
+    return [
+        (epoch, start, repeat)
+        for epoch in range(epochs)
+        for start in range(0, micro, accum)
+        for repeat in range(repeats)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("n_rows", "batch_size", "accum", "epochs", "max_steps", "repeats"),
+    [
+        (10, 3, 2, 1, None, 1),  # 4 micro-batches, 2 steps
+        (10, 3, 2, 3, None, 1),  # 3 epochs
+        (7, 2, 3, 2, None, 2),  # an epoch's last step has 1 micro-batch of 3; each group trained twice
+        (10, 3, 1, 2, None, 3),
+        (10, 3, 2, 3, 5, 1),  # max_steps cuts the run short
+    ],
+)
+def test_a_run_has_the_steps_its_data_epochs_and_repeats_make(
+    make_config: Callable[..., SFTConfig],
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    n_rows: int,
+    batch_size: int,
+    accum: int,
+    epochs: int,
+    max_steps: int | None,
+    repeats: int,
+) -> None:
+    config = make_config(
+        batch_size=batch_size,
+        gradient_accumulation_steps=accum,
+        n_epochs=epochs,
+        max_steps=max_steps,
+        save_minutes=0,
+    )
+    task = _task(config, tokenizer, demo_rows[:n_rows], repeats=repeats)
+    rec = Recorder()
+    result = run_training(config, task, rec)
+    steps = schedule(n_rows, batch_size, accum, epochs, repeats)[:max_steps]
+    assert rec.begin == {"total_steps": len(steps), "n_epochs": epochs}
+    assert len(rec.steps) == result.steps == len(steps)
+    assert [row["total_steps"] for row in rec.steps] == [len(steps)] * len(steps)
+    # an epoch ends after its last step (not after a step that merely reuses a rollout)
+    full = schedule(n_rows, batch_size, accum, epochs, repeats)
+    ends = [
+        (epoch + 1, i + 1)
+        for i, (epoch, _, _) in enumerate(steps)
+        if i + 1 == len(full) or full[i + 1][0] != epoch
+    ]
+    assert rec.epochs == ends
+    if task.preparer is not None:
+        micro = math.ceil(n_rows / batch_size)
+        expected = [(min(accum, micro - start), repeat) for _, start, repeat in steps]
+        assert task.preparer.calls == expected  # type: ignore[attr-defined]
+        assert [row["repeat"] for row in rec.steps] == [float(r) for _, _, r in steps]
+
+
+@pytest.mark.parametrize("at", [(0, 0, 0, 0), (3, 1, 2, 1), (5, 1, 2, 2), (8, 2, 2, 0)])
+def test_a_resumed_position_counts_the_steps_left_from_it(
+    make_config: Callable[..., SFTConfig],
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    at: tuple[int, int, int, int],
+) -> None:
+    """10 rows of 2 a micro-batch, 2 micro-batches a step, 3 uses of each group, 3 epochs: from a state
+    (step, epoch, next micro-batch, repeat) the total is that step plus the schedule's steps left."""
+    step, epoch, batch_index, repeat = at
+    config = make_config(batch_size=2, gradient_accumulation_steps=2, n_epochs=3)
+    run = _Loop(config, _task(config, tokenizer, demo_rows[:10], repeats=3))
+    steps = schedule(10, 2, 2, 3, 3)
+    left = [s for s in steps if s >= (epoch, batch_index, repeat)]
+    assert run._total_steps(
+        LoopState(step=step, epoch=epoch, batch_index=batch_index, repeat=repeat)
+    ) == step + len(left)
+
+
+def _Loop(config: SFTConfig, task: TrainingTask[TokenizedExample, SFTBatch]) -> Any:
+    return loop._Loop(config, task, Recorder())
+
+
+def test_warmup_is_its_share_of_the_run(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]]
+) -> None:
+    config = make_config(
+        batch_size=2, n_epochs=1, warmup_ratio=0.3, lr_scheduler="linear", learning_rate=1e-3, save_minutes=0
+    )
+    rec = Recorder()
+    run_training(config, _task(config, tokenizer, demo_rows[:14]), rec)
+    total = len(rec.steps)
+    assert total == 7
+    warmup = math.ceil(0.3 * total)  # 3 steps
+    expected = [
+        1e-3 * lr_multiplier(s, kind="linear", warmup_steps=warmup, total_steps=total) for s in range(total)
+    ]
+    assert [row["learning_rate"] for row in rec.steps] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("stop", [StopRequest.CANCEL, StopRequest.PAUSE])
+def test_cancel_and_pause_hand_back_the_last_steps_metrics(
+    make_config: Callable[..., SFTConfig],
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    stop: StopRequest,
+) -> None:
+    config = make_config(batch_size=2, max_steps=6, save_minutes=0)
+    rec = Recorder(stop_after={2: stop})
+    result = run_training(config, _task(config, tokenizer, demo_rows[:12]), rec)
+    assert result.stopped == stop and result.steps == 2 and len(rec.steps) == 2
+    assert result.metrics == rec.steps[-1]
+    if stop == StopRequest.PAUSE:
+        assert (
+            result.final_checkpoint is not None
+            and result.final_checkpoint.step == 2
+            and not result.final_checkpoint.final
+        )
+        assert (checkpoint_dir(config.output_dir, 2) / "state").is_dir()  # resumable
+    else:
+        assert result.final_checkpoint is None and rec.checkpoints == []
+
+
+def test_online_methods_are_refused_on_several_ranks(
+    make_config: Callable[..., SFTConfig],
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = make_config()
+    offline, online = (_task(config, tokenizer, demo_rows[:4], repeats=r) for r in (1, 2))
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    with pytest.raises(NotImplementedError, match=r"^online methods \(rollouts\) run on one rank for now$"):
+        _Loop(config, online)
+    assert _Loop(config, offline).group == config.gradient_accumulation_steps * 2  # a step spans the ranks
+
+
+def test_an_extra_module_trains_with_the_model(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]]
+) -> None:
+    """PPO's value head is the loop's ``extra_trainable``: in the optimizer, in train mode, updated."""
+    head = torch.nn.Linear(4, 1)
+    head.eval()
+    before = head.weight.detach().clone()
+    seen_training: list[bool] = []
+
+    def loss_with_head(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
+        seen_training.append(head.training)
+        out = sft_loss(model, batch)
+        return LossSums(out.loss + head(torch.ones(4)).square().sum(), out.metrics)
+
+    config = make_config(batch_size=4, max_steps=2, learning_rate=1e-2, save_minutes=0)
+    run_training(
+        config, _task(config, tokenizer, demo_rows[:8], loss_fn=loss_with_head, extra=head), Recorder()
+    )
+    assert seen_training == [True, True]
+    assert not torch.equal(head.weight.detach(), before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mixed_precision_autocasts_the_loss_and_scales_fp16(
+    make_config: Callable[..., SFTConfig],
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: torch.dtype,
+) -> None:
+    """What a GPU's answer to ``mixed_precision`` makes the loop do (the answer stubbed, see the module
+    docstring): every loss runs under autocast in that dtype; fp16 alone gets a gradient scaler, whose
+    state is checkpointed and restored on resume (a skipped step's reduced scale carries over)."""
+    monkeypatch.setattr(loop, "autocast_dtype", lambda precision, device: dtype)
+    autocast: list[tuple[bool, torch.dtype]] = []
+    overflow_at = {2}  # the loss of step 2 is made non-finite: fp16's scaler skips the step, halves its scale
+
+    def recording_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
+        autocast.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        out = sft_loss(model, batch)
+        step = len(autocast)
+        return LossSums(out.loss * (math.inf if step in overflow_at else 1.0), out.metrics)
+
+    run = {"batch_size": 4, "max_steps": 4, "save_steps": 3, "mixed_precision": "fp16"}
+    config = make_config(**run)
+    task = _task(config, tokenizer, demo_rows[:16], loss_fn=recording_loss)
+    rec = Recorder()
+    if dtype == torch.bfloat16:
+        run_training(config, task, rec)
+        assert autocast == [(True, torch.bfloat16)] * 4
+        assert not (checkpoint_dir(config.output_dir, 3) / "state" / "scaler.pt").exists()
+        return
+    run_training(config, task, rec)
+    assert autocast == [(True, torch.float16)] * 4
+    saved = torch.load(checkpoint_dir(config.output_dir, 3) / "state" / "scaler.pt", weights_only=True)
+    assert saved["scale"] == 2.0**15  # 2**16 halved once, at the overflowing step
+
+    # resume from step 3 in a fresh loop: the scaler starts from the checkpoint's scale, not 2**16
+    overflow_at.clear()
+    resumed = make_config(
+        **run, resume_from=str(checkpoint_dir(config.output_dir, 3)), output_dir=config.output_dir + "-r"
+    )
+    fresh = loop._Loop(resumed, _task(resumed, tokenizer, demo_rows[:16], loss_fn=recording_loss), Recorder())
+    fresh.run()
+    assert fresh.scaler is not None and fresh.scaler.get_scale() == 2.0**15
