@@ -33,7 +33,7 @@ from trainers.config import TrainingConfig
 from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.example_store import ExampleStore, ExampleWriter
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.modeling import autocast_dtype, load_model, pick_device
+from trainers.modeling import autocast_dtype, load_model, pick_device, row_sums, target_log_probs
 from trainers.preference_data import (
     PreferenceBatch,
     PreferenceExample,
@@ -130,23 +130,6 @@ def dpo_loss(
     return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
 
 
-def sequence_log_probs(
-    logits: torch.Tensor, input_ids: torch.Tensor, completion_mask: torch.Tensor
-) -> torch.Tensor:
-    """Summed log-probabilities of the completion tokens of each row.
-
-    logits: [N, T, V] from inputs ``input_ids`` [N, T]; completion_mask: [N, T] bool, whether token t is a
-    completion token (predicted from positions < t; position 0 never is). Returns [N] float32. Only
-    completion positions are upcast to float32, so the full [N, T, V] tensor is never copied.
-    """
-    mask = completion_mask[:, 1:]
-    target_logits = logits[:, :-1, :][mask].float()  # [M, V]
-    targets = input_ids[:, 1:][mask]  # [M]
-    token_logps = target_logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    rows = torch.arange(input_ids.shape[0], device=input_ids.device).unsqueeze(1).expand_as(mask)[mask]
-    return torch.zeros(input_ids.shape[0], device=logits.device).index_add(0, rows, token_logps)
-
-
 # -- the method ---------------------------------------------------------------------------------------
 
 
@@ -166,8 +149,8 @@ class CompletionRows(Protocol):
 def policy_log_probs(model: torch.nn.Module, batch: CompletionRows) -> torch.Tensor:
     """[N] summed completion log-probs of the rows (a preference batch: chosen then rejected), in one
     forward pass."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    return sequence_log_probs(logits, batch.input_ids, batch.completion_mask)
+    token_logps = target_log_probs(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+    return row_sums(token_logps, batch.completion_mask)
 
 
 @dataclass(frozen=True)

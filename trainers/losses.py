@@ -62,12 +62,14 @@ def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> Tok
 CHUNK_ELEMENTS = 2**25
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of ``hidden @ weight.T`` against ``targets``, chunk by chunk over the rows.
+class _LinearTokenNLL(torch.autograd.Function):
+    """Per-row cross-entropy of ``hidden @ weight.T`` against ``targets`` ([N] NLLs, and [N] whether each
+    target is the argmax), chunk by chunk over the rows.
 
     Forward keeps each chunk's log-sum-exp (4 bytes a row) and drops its logits; backward recomputes a
     chunk's logits from ``hidden`` and ``weight`` and turns them into the gradient at once:
-    d loss / d logits = softmax - onehot(target). Computed in float32, with autocast off, in both passes.
+    d nll_i / d logits_i = softmax_i - onehot(target_i), scaled by the upstream gradient of nll_i.
+    Computed in float32, with autocast off, in both passes.
     """
 
     @staticmethod
@@ -78,26 +80,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
         targets: torch.Tensor,
         chunk_rows: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        loss_sum = hidden.new_zeros((), dtype=torch.float32)
-        n_correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-        lse = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        nll = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        lse = torch.empty_like(nll)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.float()
             for start in range(0, hidden.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
                 logits = hidden[rows].float() @ w.T
                 lse[rows] = torch.logsumexp(logits, dim=-1)
-                picked = logits.gather(1, targets[rows, None]).squeeze(1)
-                loss_sum += (lse[rows] - picked).sum()
-                n_correct += (logits.argmax(dim=-1) == targets[rows]).sum()
+                nll[rows] = lse[rows] - logits.gather(1, targets[rows, None]).squeeze(1)
+                correct[rows] = logits.argmax(dim=-1) == targets[rows]
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.chunk_rows = chunk_rows  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(n_correct)
-        return loss_sum, n_correct
+        ctx.mark_non_differentiable(correct)
+        return nll, correct
 
     @staticmethod
     def backward(
-        ctx: torch.autograd.function.FunctionCtx, grad_loss: torch.Tensor, _grad_correct: torch.Tensor
+        ctx: torch.autograd.function.FunctionCtx, grad_nll: torch.Tensor, _grad_correct: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         hidden, weight, targets, lse = ctx.saved_tensors  # type: ignore[attr-defined]
         needs_hidden, needs_weight = ctx.needs_input_grad[:2]  # type: ignore[attr-defined]
@@ -111,7 +112,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 h = hidden[rows].float()
                 grad_logits = torch.exp(h @ w.T - lse[rows, None])  # softmax
                 grad_logits[torch.arange(h.shape[0], device=h.device), targets[rows]] -= 1.0
-                grad_logits *= grad_loss
+                grad_logits *= grad_nll[rows, None]
                 if grad_hidden is not None:
                     grad_hidden[rows] = (grad_logits @ w).to(hidden.dtype)
                 if grad_weight is not None:
@@ -119,13 +120,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None
 
 
+def linear_token_nll(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, chunk_rows: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N] NLL, [N] argmax-is-target) of ``hidden @ weight.T`` against ``targets``, for the hidden states
+    ``hidden`` [N, H] of target positions and an LM head without bias ``weight`` [V, H], without
+    materialising the [N, V] logits: at most ``chunk_rows`` rows of them at a time (default:
+    ``CHUNK_ELEMENTS`` // V). ``targets`` [N] holds no ``IGNORE_INDEX``."""
+    rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
+    nll, correct = _LinearTokenNLL.apply(hidden, weight, targets, rows)  # type: ignore[no-untyped-call]
+    return nll, correct
+
+
 def linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, chunk_rows: int | None = None
 ) -> TokenLossSums:
-    """``next_token_cross_entropy(hidden @ weight.T, targets)`` for the hidden states ``hidden`` [N, H] of
-    target positions and an LM head without bias ``weight`` [V, H], without materialising the [N, V]
-    logits: at most ``chunk_rows`` rows of them at a time (default: ``CHUNK_ELEMENTS`` // V).
-    ``targets`` [N] holds no ``IGNORE_INDEX``."""
-    rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.shape[0])
-    loss_sum, n_correct = _LinearCrossEntropy.apply(hidden, weight, targets, rows)  # type: ignore[no-untyped-call]
-    return TokenLossSums(loss_sum=loss_sum, n_tokens=int(targets.numel()), n_correct=n_correct)
+    """``next_token_cross_entropy(hidden @ weight.T, targets)``, summed from ``linear_token_nll``."""
+    nll, correct = linear_token_nll(hidden, weight, targets, chunk_rows=chunk_rows)
+    return TokenLossSums(loss_sum=nll.sum(), n_tokens=int(targets.numel()), n_correct=correct.sum())

@@ -25,6 +25,7 @@ from transformers import (
 
 from trainers.checkpoint import MODEL_DIR
 from trainers.distributed import local_device
+from trainers.losses import linear_token_nll
 from trainers.registry import choices
 
 PRECISIONS = choices("supervised", "mixed_precision")
@@ -166,6 +167,35 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     return base.get_decoder(), head
+
+
+def target_log_probs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor
+) -> torch.Tensor:
+    """[M] float32 log-probabilities of the target tokens of right-padded rows ``input_ids`` [N, T], in the
+    row-major order of ``target_mask`` [N, T] (token t is a target predicted from positions < t; column 0
+    never is). Only target positions get logits; on the architectures ``decoder_and_head`` knows, the
+    head is applied chunk by chunk (``losses.linear_token_nll``), so their [M, V] logits are never held
+    at once either."""
+    mask = target_mask[:, 1:]
+    targets = input_ids[:, 1:][mask]
+    split = decoder_and_head(model)
+    if split is None:
+        logits: torch.Tensor = model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).logits
+        return logits[:, :-1][mask].float().log_softmax(dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    decoder, head = split
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    nll, _ = linear_token_nll(hidden[:, :-1][mask], head.weight, targets)
+    return -nll
+
+
+def row_sums(values: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
+    """[N] sums per row of ``values`` [M], laid out as ``target_log_probs`` returns them."""
+    mask = target_mask[:, 1:]
+    rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(1).expand_as(mask)[mask]
+    return torch.zeros(mask.shape[0], device=values.device, dtype=values.dtype).index_add(0, rows, values)
 
 
 # transformers architectures whose forward computes ``logits = self.lm_head(hidden_states)`` and nothing

@@ -19,11 +19,9 @@ import torch
 
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import TrainingConfig
-from trainers.dpo import sequence_log_probs
 from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.losses import IGNORE_INDEX, token_cross_entropy
-from trainers.modeling import load_model, pick_device
+from trainers.modeling import load_model, pick_device, row_sums, target_log_probs
 from trainers.preference_data import PreferenceBatch, collate_preferences, tokenize_preference_rows
 
 if TYPE_CHECKING:
@@ -50,14 +48,20 @@ def pair_forward(
     """Run ``model`` on the pairs; the chosen NLL covers the completion tokens, plus the prompt's (every
     token but the first) when ``nll_on_prompt`` (ORPO's original implementation and TRL's). Without
     ``nll_grad`` the NLL is computed for the metrics only, outside the autograd graph."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    logps = sequence_log_probs(logits, batch.input_ids, batch.completion_mask)
     n = batch.n_pairs
-    targets = batch.attention_mask[:n].bool() if nll_on_prompt else batch.completion_mask[:n]
-    labels = torch.where(targets, batch.input_ids[:n], IGNORE_INDEX)
-    with torch.enable_grad() if nll_grad else torch.no_grad():
-        nll = token_cross_entropy(logits[:n], labels)
-    chosen_nll = nll.loss_sum / max(nll.n_tokens, 1)
+    completions = batch.completion_mask.bool()
+    # the NLL's targets: the chosen rows' completions, or their every token but the first (column 0 of a
+    # target mask is never a target)
+    nll_targets = torch.zeros_like(completions)
+    nll_targets[:n] = batch.attention_mask[:n].bool() if nll_on_prompt else completions[:n]
+    # one pass over the union of both sets of targets
+    targets = completions | nll_targets
+    token_logps = target_log_probs(model, batch.input_ids, batch.attention_mask, targets)
+    logps = row_sums(torch.where(completions[:, 1:][targets[:, 1:]], token_logps, 0.0), targets)
+    nll_logps = token_logps[nll_targets[:, 1:][targets[:, 1:]]]
+    chosen_nll = -nll_logps.sum() / max(nll_logps.numel(), 1)
+    if not nll_grad:
+        chosen_nll = chosen_nll.detach()
     lengths = batch.completion_mask[:, 1:].sum(dim=1).float()
     return PairForward(logps=logps, lengths=lengths, chosen_nll=chosen_nll)
 
