@@ -1,7 +1,8 @@
 """`mixed_precision` as documented: a CUDA-only choice. On CPU every setting trains in plain fp32 (CPU
 autocast to bf16 is slower than fp32 on most CPUs and changes the numbers), and a value outside the
-list is refused naming the hyperparameter. The CUDA branches (bf16 autocast, fp16 with a gradient
-scaler) need a GPU, which the default suite does not have: they are exercised on GPU hosts by `bench/`."""
+list is refused naming the hyperparameter. What the loop does with a GPU's answer (bf16 autocast, fp16
+with a gradient scaler whose state is checkpointed and restored) is tested on the CPU in
+tests/trainers/test_loop.py, with that one answer stubbed."""
 
 from __future__ import annotations
 
