@@ -32,7 +32,7 @@ GUARDS: dict[str, list[str]] = {
     "trainers/losses.py": ["tests/trainers/test_losses.py", "tests/trainers/test_sft_training.py"],
     "worker/lease.py": ["tests/worker/test_lease.py"],
     "service/jobs/spec.py": ["tests/service/test_job_spec.py", "tests/worker/test_methods.py"],
-    "service/jobs/service.py": ["tests/service/test_jobs_api.py"],
+    "service/jobs/creation.py": ["tests/service/test_job_creation.py"],
     "service/jobs/transitions.py": ["tests/service/test_job_transitions.py"],
     "service/files/validation.py": ["tests/service/test_file_validation.py"],
     "trainers/collate.py": ["tests/trainers/test_data.py", "tests/trainers/test_packing.py"],
@@ -82,6 +82,7 @@ DEFAULT = [
     "service/files/validation.py",
     "service/jobs/spec.py",
     "service/jobs/transitions.py",
+    "service/jobs/creation.py",
     "trainers/example_store.py",
     "trainers/jsonl_rows.py",
 ]

@@ -13,7 +13,7 @@ from service.auth import TenantDep
 from service.dependencies import SessionDep, SettingsDep, read_in_one_hop
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
-from service.jobs import service, transitions
+from service.jobs import creation, service, transitions
 from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
@@ -42,7 +42,7 @@ def _object(session: Session, job: Job) -> JobObject:
 
 @router.post("", response_model=JobObject, responses=error_responses(413))
 def create_job(spec: JobCreate, session: SessionDep, tenant: TenantDep, settings: SettingsDep) -> JobObject:
-    return _object(session, service.create_job(session, tenant=tenant, spec=spec, settings=settings))
+    return _object(session, creation.create_job(session, tenant=tenant, spec=spec, settings=settings))
 
 
 @router.get("")

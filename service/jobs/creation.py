@@ -1,0 +1,153 @@
+"""Create a fine-tuning job: check its model, integrations, resources, grader, files and
+hyperparameters (each refusal a 4xx naming its parameter, nothing stored), then store it queued, with
+its first events, and send its run message after the commit."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from sqlalchemy.orm import Session
+
+from service.base_models.catalog import resolve_base_model
+from service.base_models.fine_tuned import find_final_checkpoint
+from service.config import Settings
+from service.errors import BadRequest, NotFound
+from service.files.service import PURPOSES, get_file
+from service.files.validation import FileFormat, method_formats
+from service.graders.service import check_grader
+from service.ids import new_id
+from service.jobs.capacity import note_if_unfit
+from service.jobs.dispatch import queued_values, send_after_commit
+from service.jobs.events import add_event, state_event
+from service.jobs.integrations import duplicate_type, stored_integrations
+from service.jobs.resources import ONE_GPU, check_resources, queue_for
+from service.jobs.spec import (
+    JobCreate,
+    Method,
+    hyperparameter_problem,
+    load_method,
+    resolve_hyperparameters,
+    stored_method,
+)
+from service.models import File, Job, Tenant
+
+
+def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, method_type: str) -> File:
+    try:
+        row = get_file(session, tenant=tenant, file_id=file_id, param=param)
+    except NotFound as exc:
+        raise BadRequest(f"{param}: no such file '{file_id}'", param=param, code="invalid_file") from exc
+    if row.purpose not in PURPOSES:
+        raise BadRequest(
+            f"{param}: file '{file_id}' has purpose '{row.purpose}'; train on a file uploaded with "
+            f"purpose {', '.join(PURPOSES)}",
+            param=param,
+            code="invalid_file",
+        )
+    accepted = method_formats(method_type)
+    if FileFormat(row.format) not in accepted:
+        names = ", ".join(sorted(f.value for f in accepted))
+        raise BadRequest(
+            f"{param}: file '{file_id}' has format '{row.format}', "
+            f"but method '{method_type}' needs one of: {names}",
+            param=param,
+            code="invalid_file_format",
+        )
+    return row
+
+
+def _check_rl(
+    session: Session, *, tenant: Tenant, method: Method, spec: JobCreate, settings: Settings
+) -> None:
+    grader = method.grader
+    if grader is None:
+        return
+    param = f"method.{method.type}.grader"
+    check_grader(session, tenant=tenant, grader=grader, settings=settings, param=param)
+
+
+def _method_of(spec: JobCreate) -> Method:
+    if spec.method is not None and spec.hyperparameters is not None:
+        raise BadRequest(
+            "give hyperparameters inside 'method', not at the top level as well",
+            param="hyperparameters",
+            code="invalid_value",
+        )
+    if spec.method is not None:
+        return spec.method
+    legacy = spec.hyperparameters.model_dump() if spec.hyperparameters else {}
+    return load_method({"type": "supervised", "supervised": {"hyperparameters": legacy}})
+
+
+def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
+    is_fine_tuned = spec.model.startswith("ft:") and (
+        find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
+    )
+    deleted = spec.model.startswith("ft:") and not is_fine_tuned
+    if deleted and find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model, include_deleted=True):
+        raise NotFound(
+            f"model '{spec.model}' was deleted (DELETE /v1/models) and cannot be fine-tuned further",
+            param="model",
+            code="model_not_found",
+        )
+    if not is_fine_tuned and resolve_base_model(settings, spec.model) is None:
+        raise BadRequest(
+            f"model '{spec.model}' is not available for fine-tuning here; see GET /v1/models",
+            param="model",
+            code="model_not_available",
+        )
+    if spec.integrations and (i := duplicate_type(spec.integrations)) is not None:
+        raise BadRequest(
+            f"integrations[{i}]: a second '{spec.integrations[i].type}' integration (one of each type)",
+            param=f"integrations[{i}].type",
+            code="invalid_value",
+        )
+    method = _method_of(spec)
+    resources = spec.resources or ONE_GPU
+    check_resources(resources, method.declaration)
+    _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
+    training = _check_file(
+        session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
+    )
+    if spec.validation_file is not None:
+        _check_file(
+            session,
+            tenant=tenant,
+            file_id=spec.validation_file,
+            param="validation_file",
+            method_type=method.type,
+        )
+
+    resolve_hyperparameters(method, n_examples=training.line_count)
+    problem = hyperparameter_problem(method)
+    if problem is not None:
+        param, message = problem
+        raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")
+    job = Job(
+        id=new_id("ftjob"),
+        tenant_id=tenant.id,
+        model=spec.model,
+        training_file=spec.training_file,
+        validation_file=spec.validation_file,
+        method=stored_method(method),
+        suffix=spec.suffix,
+        seed=spec.seed if spec.seed is not None else secrets.randbelow(2**31),
+        user_metadata=spec.metadata,
+        integrations=stored_integrations(spec.integrations),
+        status="validating_files",
+        resources=resources.model_dump(mode="json"),
+        queue=queue_for(settings.job_queue, resources.gpus),
+    )
+    session.add(job)
+    session.flush()
+    add_event(session, job.id, f"Validating training file: {spec.training_file}")
+    # files are validated line by line at upload, so the job can move on at once
+    t = time.time()
+    for name, value in queued_values(t).items():
+        setattr(job, name, value)
+    add_event(session, job.id, "Files validated, moving job to queued state", data=state_event("queued"))
+    note_if_unfit(session, job, base_queue=settings.job_queue, within=settings.lease_timeout_seconds)
+    # sent after commit; if the broker is down the job stays queued and the reconciler sends it later
+    send_after_commit(session, job.id, t, queue=job.queue)
+    return job

@@ -1,0 +1,351 @@
+"""Creating a job (service/jobs/creation.py) on real PostgreSQL and the real idle Redis broker, in this
+process: every refusal with its 4xx word for word (code, param) and nothing stored; the stored row, its
+resolved hyperparameters, events and queue; its run message sent to the broker only after the commit.
+
+In-process (not through the API server) so that the mutation check can trace these tests to the code
+(`make mutants MODULES=service/jobs/creation.py`); tests/service/test_jobs_api.py covers the route.
+The rows live in a database of this module's own, away from the e2e worker's reconciler.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import sessionmaker
+
+import service.db
+from service.base_models.catalog import TINY_MODEL_NAME
+from service.config import Settings, get_settings
+from service.db import session_scope
+from service.errors import AppError, BadRequest, NotFound
+from service.ids import new_id
+from service.jobs.creation import create_job
+from service.jobs.spec import JobCreate, load_method, resolve_hyperparameters, stored_method
+from service.models import Checkpoint, File, Job, JobEvent, Tenant
+from service.queue import RUN_JOB_TASK
+from tests.conftest import IDLE_BROKER, IDLE_QUEUE
+from tests.helpers import job_row, own_database
+
+Waiting = Callable[[], list[tuple[str, list[Any]]]]
+
+
+@pytest.fixture(scope="module")
+def _own_database() -> Iterator[sessionmaker[Any]]:
+    with own_database("creation") as sessions:
+        yield sessions
+
+
+@pytest.fixture(autouse=True)
+def _use_own_database(_own_database: sessionmaker[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: _own_database)
+
+
+@pytest.fixture
+def tenant() -> Tenant:
+    with session_scope() as session:
+        row = Tenant(id=new_id("tenant"), name=f"creation-{new_id('t')}")
+        session.add(row)
+    return row
+
+
+def _file(tenant: Tenant, *, purpose: str = "fine-tune", fmt: str = "chat", lines: int = 40) -> str:
+    with session_scope() as session:
+        row = File(
+            id=new_id("file"),
+            tenant_id=tenant.id,
+            filename="train.jsonl",
+            purpose=purpose,
+            bytes=100,
+            sha256="0" * 64,
+            line_count=lines,
+            format=fmt,
+            blob_key=f"files/{new_id('blob')}",
+        )
+        session.add(row)
+    return row.id
+
+
+def _create(tenant: Tenant, body: dict[str, Any], settings: Settings | None = None) -> Job:
+    spec = JobCreate.model_validate({"model": TINY_MODEL_NAME, **body})
+    with session_scope() as session:
+        return create_job(session, tenant=tenant, spec=spec, settings=settings or get_settings())
+
+
+def _stored(tenant: Tenant) -> tuple[int, int]:
+    """(jobs, events) of the tenant: what a refused request must leave as it was."""
+    with session_scope() as session:
+        jobs = session.scalar(select(func.count()).select_from(Job).where(Job.tenant_id == tenant.id))
+        events = session.scalar(
+            select(func.count()).select_from(JobEvent).join(Job).where(Job.tenant_id == tenant.id)
+        )
+    return int(jobs or 0), int(events or 0)
+
+
+def _refused(tenant: Tenant, body: dict[str, Any], settings: Settings | None = None) -> AppError:
+    before = _stored(tenant)
+    with pytest.raises(AppError) as raised:
+        _create(tenant, body, settings)
+    assert _stored(tenant) == before
+    return raised.value
+
+
+def test_a_job_is_stored_queued_with_its_events_and_sent_after_commit(
+    tenant: Tenant, idle_broker: Waiting
+) -> None:
+    train, valid = _file(tenant, lines=40), _file(tenant, lines=8)
+    before = time.time()
+    supervised = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}
+    body: dict[str, Any] = {
+        "training_file": train,
+        "validation_file": valid,
+        "suffix": "mine",
+        "seed": 11,
+        "metadata": {"team": "a"},
+        "method": supervised,
+    }
+    spec = JobCreate.model_validate({"model": TINY_MODEL_NAME, **body})
+    with session_scope() as session:
+        job = create_job(session, tenant=tenant, spec=spec, settings=get_settings())
+        assert (RUN_JOB_TASK, [job.id]) not in idle_broker()  # not before the commit
+    assert idle_broker()[-1] == (RUN_JOB_TASK, [job.id])
+    with session_scope() as session:
+        row = session.get(Job, job.id)
+        assert row is not None
+        events = [
+            (e.message, e.data)
+            for e in session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.seq))
+        ]
+    assert job.id.startswith("ftjob-")
+    assert (row.tenant_id, row.model, row.training_file, row.validation_file) == (
+        tenant.id,
+        TINY_MODEL_NAME,
+        train,
+        valid,
+    )
+    assert (row.status, row.suffix, row.seed, row.user_metadata, row.queue) == (
+        "queued",
+        "mine",
+        11,
+        {"team": "a"},
+        IDLE_QUEUE,
+    )
+    assert row.resources == {"gpus": 1, "strategy": "ddp"}
+    assert row.queued_at is not None and before <= row.queued_at <= time.time()
+    hyper = row.method["supervised"]["hyperparameters"]
+    assert row.method["type"] == "supervised" and hyper["n_epochs"] == 2
+    # "auto" resolved from the training file's 40 examples (not the validation file's 8)
+    expected = {}
+    for n in (40, 8):
+        method = load_method(supervised)
+        resolve_hyperparameters(method, n_examples=n)
+        expected[n] = stored_method(method)["supervised"]["hyperparameters"]
+    assert expected[40] != expected[8] and hyper == expected[40]
+    assert events == [
+        (f"Validating training file: {train}", None),
+        ("Files validated, moving job to queued state", {"kind": "job.queued", "status": "queued"}),
+    ]
+
+
+def test_without_a_seed_each_job_draws_its_own(tenant: Tenant, idle_broker: Waiting) -> None:
+    train = _file(tenant)
+    seeds = {_create(tenant, {"training_file": train}).seed for _ in range(3)}
+    assert len(seeds) == 3 and all(0 <= s < 2**31 for s in seeds)
+
+
+def test_top_level_hyperparameters_are_supervised_ones(tenant: Tenant, idle_broker: Waiting) -> None:
+    job = _create(tenant, {"training_file": _file(tenant), "hyperparameters": {"n_epochs": 3}})
+    assert job.method["type"] == "supervised"
+    assert job.method["supervised"]["hyperparameters"]["n_epochs"] == 3
+
+
+def test_hyperparameters_in_both_places_are_refused(tenant: Tenant) -> None:
+    error = _refused(
+        tenant,
+        {
+            "training_file": _file(tenant),
+            "hyperparameters": {"n_epochs": 1},
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}},
+        },
+    )
+    assert isinstance(error, BadRequest)
+    assert (error.message, error.param, error.code) == (
+        "give hyperparameters inside 'method', not at the top level as well",
+        "hyperparameters",
+        "invalid_value",
+    )
+
+
+def test_a_model_this_server_does_not_have_is_refused(tenant: Tenant) -> None:
+    error = _refused(tenant, {"training_file": _file(tenant), "model": "someone/else"})
+    assert isinstance(error, BadRequest)
+    assert (error.message, error.param, error.code) == (
+        "model 'someone/else' is not available for fine-tuning here; see GET /v1/models",
+        "model",
+        "model_not_available",
+    )
+
+
+def test_a_hub_model_is_accepted_when_the_operator_allows_it(tenant: Tenant, idle_broker: Waiting) -> None:
+    settings = get_settings().model_copy(update={"allow_hub_models": True})
+    assert (
+        _create(tenant, {"training_file": _file(tenant), "model": "someone/else"}, settings).model
+        == "someone/else"
+    )
+
+
+def _fine_tuned(tenant: Tenant, *, deleted: bool) -> str:
+    name = f"ft:{TINY_MODEL_NAME}:{tenant.id}::{new_id('ftjob')}"
+    job_id = job_row(tenant.id, "succeeded").id
+    with session_scope() as session:
+        session.add(job_row(tenant.id, "succeeded", id=job_id))
+        session.flush()
+        session.add(
+            Checkpoint(
+                id=new_id("ftckpt"),
+                job_id=job_id,
+                step=4,
+                fine_tuned_model_checkpoint=name,
+                metrics={},
+                blob_key="ckpt/x",
+                bytes=1,
+                is_final=True,
+                deleted_at=7 if deleted else None,
+            )
+        )
+    return name
+
+
+def test_a_fine_tuned_model_trains_further_unless_deleted(tenant: Tenant, idle_broker: Waiting) -> None:
+    live = _fine_tuned(tenant, deleted=False)
+    assert _create(tenant, {"training_file": _file(tenant), "model": live}).model == live
+    gone = _fine_tuned(tenant, deleted=True)
+    error = _refused(tenant, {"training_file": _file(tenant), "model": gone})
+    assert isinstance(error, NotFound)
+    assert (error.message, error.param, error.code) == (
+        f"model '{gone}' was deleted (DELETE /v1/models) and cannot be fine-tuned further",
+        "model",
+        "model_not_found",
+    )
+    unknown = f"ft:{TINY_MODEL_NAME}:{tenant.id}::ftjob-nothing"
+    error = _refused(tenant, {"training_file": _file(tenant), "model": unknown})
+    assert (error.param, error.code) == ("model", "model_not_available")
+
+
+def test_a_second_integration_of_a_type_is_refused(tenant: Tenant) -> None:
+    integrations = [{"type": "tensorboard"}, {"type": "tensorboard"}]
+    error = _refused(tenant, {"training_file": _file(tenant), "integrations": integrations})
+    assert (error.message, error.param, error.code) == (
+        "integrations[1]: a second 'tensorboard' integration (one of each type)",
+        "integrations[1].type",
+        "invalid_value",
+    )
+
+
+@pytest.mark.parametrize("param", ["training_file", "validation_file"])
+def test_files_are_checked_by_name(tenant: Tenant, param: str) -> None:
+    good = _file(tenant)
+    other = {"training_file": good} if param == "validation_file" else {}
+
+    def refusal(file_id: str) -> tuple[str, str | None, str | None]:
+        error = _refused(
+            tenant, {**other, param: file_id} if param == "validation_file" else {param: file_id}
+        )
+        return error.message, error.param, error.code
+
+    assert refusal("file-missing") == (f"{param}: no such file 'file-missing'", param, "invalid_file")
+    foreign = _file(Tenant(id=_another_tenant(), name="x"))
+    assert refusal(foreign) == (f"{param}: no such file '{foreign}'", param, "invalid_file")
+    results = _file(tenant, purpose="fine-tune-results")
+    assert refusal(results) == (
+        f"{param}: file '{results}' has purpose 'fine-tune-results'; train on a file uploaded with purpose "
+        "fine-tune",
+        param,
+        "invalid_file",
+    )
+    pairs = _file(tenant, fmt="preference")
+    assert refusal(pairs) == (
+        f"{param}: file '{pairs}' has format 'preference', but method 'supervised' needs one of: chat, "
+        "prompt_completion, text",
+        param,
+        "invalid_file_format",
+    )
+
+
+def _another_tenant() -> str:
+    with session_scope() as session:
+        row = Tenant(id=new_id("tenant"), name=f"creation-{new_id('t')}")
+        session.add(row)
+    return row.id
+
+
+CHECK = {
+    "type": "string_check",
+    "name": "yes",
+    "operation": "eq",
+    "input": "{{sample.output_text}}",
+    "reference": "yes",
+}
+
+
+def test_a_hyperparameter_rule_between_fields_is_refused(tenant: Tenant) -> None:
+    """A constraint between hyperparameters (``hyperparameter_problem``), checked once "auto" is resolved."""
+    ppo = {"grader": CHECK, "hyperparameters": {"batch_size": 3, "num_mini_batches": 2}}
+    error = _refused(
+        tenant, {"training_file": _file(tenant, fmt="prompt_only"), "method": {"type": "ppo", "ppo": ppo}}
+    )
+    param = "method.ppo.hyperparameters.num_mini_batches"
+    assert (error.param, error.code) == (param, "invalid_value")
+    assert error.message == (
+        f"{param}: num_mini_batches=2: must divide the rollout's prompts, "
+        "batch_size * gradient_accumulation_steps"
+    )
+
+
+def test_an_rl_job_keeps_its_checked_grader(tenant: Tenant, idle_broker: Waiting) -> None:
+    job = _create(
+        tenant,
+        {
+            "training_file": _file(tenant, fmt="prompt_only"),
+            "method": {"type": "grpo", "grpo": {"grader": CHECK}},
+        },
+    )
+    assert job.method["type"] == "grpo" and job.method["grpo"]["grader"]["name"] == "yes"
+    bad = {**CHECK, "input": "{{sample.nothing}}"}
+    error = _refused(
+        tenant,
+        {
+            "training_file": _file(tenant, fmt="prompt_only"),
+            "method": {"type": "grpo", "grpo": {"grader": bad}},
+        },
+    )
+    assert error.param is not None and error.param.startswith("method.grpo.grader")
+
+
+def test_a_multi_gpu_job_goes_to_its_pool_and_says_when_no_worker_fits(
+    tenant: Tenant, idle_broker: Waiting
+) -> None:
+    job = _create(tenant, {"training_file": _file(tenant), "resources": {"gpus": 2}})
+    assert (job.queue, job.resources) == (f"{IDLE_QUEUE}.gpus2", {"gpus": 2, "strategy": "ddp"})
+    with session_scope() as session:
+        kinds = [
+            e.data["kind"]
+            for e in session.scalars(select(JobEvent).where(JobEvent.job_id == job.id))
+            if e.data
+        ]
+    assert kinds == ["job.queued", "job.waiting_for_worker"]
+    broker = redis.Redis.from_url(IDLE_BROKER)
+    try:
+        waiting = [
+            json.loads(base64.b64decode(json.loads(m)["body"]))[0] for m in broker.lrange(job.queue, 0, -1)
+        ]
+        broker.delete(job.queue)
+    finally:
+        broker.close()
+    assert [job.id] in waiting and (RUN_JOB_TASK, [job.id]) not in idle_broker()
