@@ -162,6 +162,25 @@ def api_url() -> Iterator[str]:
     _stop(proc)
 
 
+@pytest.fixture(scope="module")
+def module_database(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh, migrated database of this test module's own (``tests.helpers.own_database``)."""
+    from tests.helpers import own_database
+
+    with own_database(request.module.__name__.rsplit(".", 1)[-1]) as sessions:
+        yield sessions
+
+
+@pytest.fixture
+def use_module_database(module_database: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every ``session_scope()`` of the test opens a session on the module's own database: for in-process
+    tests of rows the e2e stack's worker must not see (its reconciler and claims would race them)."""
+    import service.db
+
+    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: module_database)
+    return module_database
+
+
 @pytest.fixture
 def idle_broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[tuple[str, list[Any]]]]]:
     """This process's Celery app sending to the real idle broker (db 14: no worker consumes it).

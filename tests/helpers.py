@@ -13,7 +13,7 @@ import httpx
 from sqlalchemy.orm import sessionmaker
 
 from service.ids import new_id
-from service.models import Job
+from service.models import Job, Tenant
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -179,3 +179,13 @@ def job_row(tenant_id: str, status: str = "queued", **values: Any) -> Job:
         "seed": 0,
     }
     return Job(tenant_id=tenant_id, status=status, **(fields | values))
+
+
+def new_tenant(prefix: str) -> Tenant:
+    """A tenant row, committed, named ``prefix-<id>``."""
+    from service.db import session_scope
+
+    with session_scope() as session:
+        row = Tenant(id=new_id("tenant"), name=f"{prefix}-{new_id('t')}")
+        session.add(row)
+    return row

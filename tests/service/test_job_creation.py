@@ -12,15 +12,13 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 from sqlalchemy import func, select
-from sqlalchemy.orm import sessionmaker
 
-import service.db
 from service.base_models.catalog import TINY_MODEL_NAME
 from service.config import Settings, get_settings
 from service.db import session_scope
@@ -31,28 +29,17 @@ from service.jobs.spec import JobCreate, load_method, resolve_hyperparameters, s
 from service.models import Checkpoint, File, Job, JobEvent, Tenant
 from service.queue import RUN_JOB_TASK
 from tests.conftest import IDLE_BROKER, IDLE_QUEUE
-from tests.helpers import job_row, own_database
+from tests.helpers import job_row, new_tenant
 
 Waiting = Callable[[], list[tuple[str, list[Any]]]]
 
 
-@pytest.fixture(scope="module")
-def _own_database() -> Iterator[sessionmaker[Any]]:
-    with own_database("creation") as sessions:
-        yield sessions
-
-
-@pytest.fixture(autouse=True)
-def _use_own_database(_own_database: sessionmaker[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: _own_database)
+pytestmark = pytest.mark.usefixtures("use_module_database")
 
 
 @pytest.fixture
 def tenant() -> Tenant:
-    with session_scope() as session:
-        row = Tenant(id=new_id("tenant"), name=f"creation-{new_id('t')}")
-        session.add(row)
-    return row
+    return new_tenant("creation")
 
 
 def _file(tenant: Tenant, *, purpose: str = "fine-tune", fmt: str = "chat", lines: int = 40) -> str:

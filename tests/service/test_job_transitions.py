@@ -12,14 +12,14 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 import service.db
 import service.queue
@@ -31,28 +31,17 @@ from service.jobs import transitions
 from service.models import Job, JobEvent, Tenant
 from service.queue import RUN_JOB_TASK
 from tests.conftest import IDLE_BROKER, IDLE_QUEUE, free_port
-from tests.helpers import job_row, own_database
+from tests.helpers import job_row, new_tenant
 
 Waiting = Callable[[], list[tuple[str, list[Any]]]]
 
 
-@pytest.fixture(scope="module")
-def _own_database() -> Iterator[sessionmaker[Any]]:
-    with own_database("transitions") as sessions:
-        yield sessions
-
-
-@pytest.fixture(autouse=True)
-def _use_own_database(_own_database: sessionmaker[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: _own_database)
+pytestmark = pytest.mark.usefixtures("use_module_database")
 
 
 @pytest.fixture
 def tenant() -> Tenant:
-    with session_scope() as session:
-        row = Tenant(id=new_id("tenant"), name=f"transitions-{new_id('t')}")
-        session.add(row)
-    return row
+    return new_tenant("transitions")
 
 
 def _job(tenant: Tenant, status: str, **values: Any) -> str:

@@ -8,31 +8,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import sessionmaker
 
-import service.db
 from service.db import session_scope
 from service.ids import new_id
 from service.jobs.fairness import fair_order, queue_positions
 from service.models import Job, Tenant
-from tests.helpers import own_database
 from worker import lease
 
 
-@pytest.fixture(scope="module")
-def _own_database() -> Iterator[sessionmaker[Any]]:
-    with own_database("fair") as sessions:
-        yield sessions
-
-
 @pytest.fixture(autouse=True)
-def _empty_queue(_own_database: sessionmaker[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: _own_database)
+def _empty_queue(use_module_database: sessionmaker[Any]) -> None:
     with session_scope() as session:
         session.execute(update(Job).where(Job.status.in_(("queued", "running"))).values(status="cancelled"))
 

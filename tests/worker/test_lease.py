@@ -7,33 +7,22 @@ whole session, and its reconciler would otherwise race these tests for every sta
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from sqlalchemy import update
-from sqlalchemy.orm import sessionmaker
 
-import service.db
 from service.db import session_scope
 from service.ids import new_id
 from service.models import Job, Tenant
 from service.queue import RUN_JOB_TASK
 from tests.conftest import IDLE_QUEUE
-from tests.helpers import job_row, own_database
+from tests.helpers import job_row
 from worker import lease, reaper
 from worker.supervisor import supervise_job
 
-
-@pytest.fixture(scope="module")
-def _own_database() -> Iterator[sessionmaker[Any]]:
-    with own_database("lease") as sessions:
-        yield sessions
-
-
-@pytest.fixture(autouse=True)
-def _use_own_database(_own_database: sessionmaker[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: _own_database)
+pytestmark = pytest.mark.usefixtures("use_module_database")
 
 
 def _job(status: str = "queued", **values: Any) -> str:

@@ -20,7 +20,6 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import sessionmaker
 
-import service.db
 from service.config import Settings
 from service.db import session_scope
 from service.ids import new_id
@@ -28,7 +27,7 @@ from service.jobs.events import add_event
 from service.models import Tenant, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from service.webhooks.signing import new_secret
 from tests.conftest import free_port
-from tests.helpers import job_row, own_database
+from tests.helpers import job_row
 from tests.webhook_receiver import Receiver, start_receiver
 from worker.webhooks import backoff_seconds, deliver_due
 
@@ -36,15 +35,8 @@ from worker.webhooks import backoff_seconds, deliver_due
 SETTINGS = Settings(webhook_backoff_seconds=60, webhook_max_attempts=3, webhook_timeout_seconds=5)
 
 
-@pytest.fixture(scope="module")
-def _own_database() -> Iterator[sessionmaker[Any]]:
-    with own_database("webhooks") as sessions:
-        yield sessions
-
-
 @pytest.fixture(autouse=True)
-def _use_own_database(_own_database: sessionmaker[Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(service.db, "get_sessionmaker", lambda: _own_database)
+def _empty_outbox(use_module_database: sessionmaker[Any]) -> Iterator[None]:
     yield
     with session_scope() as session:  # each test starts with an empty outbox
         session.execute(text("DELETE FROM webhook_attempts; DELETE FROM webhook_deliveries"))
