@@ -10,7 +10,9 @@ GPU this suite does not have; the branches themselves are the real code.
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -275,3 +277,134 @@ def test_mixed_precision_autocasts_the_loss_and_scales_fp16(
     fresh = loop._Loop(resumed, _task(resumed, tokenizer, demo_rows[:16], loss_fn=recording_loss), Recorder())
     fresh.run()
     assert fresh.scaler is not None and fresh.scaler.get_scale() == 2.0**15
+
+
+def test_step_rows_report_epoch_progress_metrics_and_throughput(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]]
+) -> None:
+    """7 rows of 2 a micro-batch (4 micro-batches), 3 a step, each group trained twice: the epoch column
+    advances by each step's share of the examples; a metric is averaged over the step's loss units, or
+    over its own units where it has them; tokens/s is the step's tokens over at most the run's time."""
+
+    def counting_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
+        out = sft_loss(model, batch)
+        rows = float(batch.input_ids.shape[0])
+        metrics: dict[str, float | torch.Tensor] = {
+            "per_unit": float(batch.n_targets),
+            "per_row": torch.tensor(2.0 * rows),
+        }
+        return LossSums(out.loss, metrics, metric_units={"per_row": rows})
+
+    config = make_config(batch_size=2, gradient_accumulation_steps=3, n_epochs=2, save_minutes=0)
+    rec = Recorder()
+    started = time.perf_counter()
+    run_training(config, _task(config, tokenizer, demo_rows[:7], repeats=2, loss_fn=counting_loss), rec)
+    wall = time.perf_counter() - started
+    micro, expected_epochs = 4, []
+    for epoch, start, repeat in schedule(7, 2, 3, 2, 2):
+        group = min(3, micro - start)
+        expected_epochs.append(epoch + (start + group * (repeat + 1) / 2) / micro)
+    assert [row["epoch"] for row in rec.steps] == pytest.approx(expected_epochs)
+    assert [row["per_unit"] for row in rec.steps] == pytest.approx([1.0] * len(rec.steps))
+    assert [row["per_row"] for row in rec.steps] == pytest.approx([2.0] * len(rec.steps))
+    trained = [0.0] + [r["trained_tokens"] for r in rec.steps]
+    tokens = [b - a for a, b in itertools.pairwise(trained)]
+    for row, n in zip(rec.steps, tokens, strict=True):
+        assert n > 0 and n / wall <= row["tokens_per_second"] < math.inf
+
+
+def test_a_step_of_one_loss_unit_is_divided_by_one(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    example = TokenizedExample([5, 9, 7], [False, False, True])  # one target
+    config = make_config(batch_size=1, max_steps=1, save_minutes=0)
+    task = _task(config, tokenizer, [{"text": "x"}])
+    task.train_data = [example]
+    batch = pad_batch([example], pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        expected = sft_loss(task.model, batch).loss.item()
+    rec = Recorder()
+    run_training(config, task, rec)
+    assert rec.steps[0]["loss"] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 0.5, 1e-4])
+def test_gradients_are_clipped_to_max_grad_norm_unless_it_is_zero(
+    make_config: Callable[..., SFTConfig],
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    max_grad_norm: float,
+) -> None:
+    """SGD-like first AdamW step aside, clipping shows in the optimizer's first moment: it holds
+    (1 - beta1) x the clipped gradient, whose norm is min(norm, max_grad_norm) (0: no clipping)."""
+    config = make_config(batch_size=4, max_steps=1, save_minutes=0, max_grad_norm=max_grad_norm)
+    task = _task(config, tokenizer, demo_rows[:4])
+    run = _Loop(config, task)
+    rec = Recorder()
+    run.cb = rec
+    run.run()
+    moments = [run.optimizer.state[p]["exp_avg"] for p in run.params]
+    clipped = float(torch.linalg.vector_norm(torch.stack([m.norm() for m in moments]))) / 0.1
+    norm = rec.steps[0]["grad_norm"]  # before clipping
+    assert norm > 0.5
+    assert clipped == pytest.approx(min(norm, max_grad_norm) if max_grad_norm > 0 else norm, rel=1e-4)
+
+
+def test_validation_loss_covers_every_example_once(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]]
+) -> None:
+    """Every step evaluated (``eval_steps`` 1), over 7 validation rows in chunks of 2: the loss over all
+    their targets, as one padded batch gives it."""
+    config = make_config(batch_size=2, max_steps=2, eval_steps=1, learning_rate=0.0, save_minutes=0)
+    task = _task(config, tokenizer, demo_rows[:4])
+    task.valid_data = tokenize_sft_rows(demo_rows[4:11], tokenizer, max_length=64)
+    whole = pad_batch(list(task.valid_data), pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        out = sft_loss(task.model, whole)
+    rec = Recorder()
+    run_training(config, task, rec)  # learning rate 0: the model does not move
+    assert [row["step"] for row in rec.evals] == [1.0, 2.0]
+    for row in rec.evals:
+        assert row["valid_loss"] == pytest.approx(out.loss.item() / whole.n_targets, rel=1e-5)
+        assert row["valid_mean_token_accuracy"] == pytest.approx(
+            float(out.metrics["mean_token_accuracy"]) / whole.n_targets
+        )
+
+
+def test_save_minutes_is_reached_exactly(
+    make_config: Callable[..., SFTConfig],
+    tokenizer: PreTrainedTokenizerBase,
+    demo_rows: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Steps of 15 s of training time and ``save_minutes`` 0.5: a checkpoint after every second step,
+    the one whose time reaches 30 s exactly; a pause right after one returns it instead of saving again."""
+    now = [0.0]
+    monkeypatch.setattr(loop, "clock", lambda: now[0])
+
+    class Slow(Recorder):
+        def on_step(self, row: dict[str, float]) -> None:
+            super().on_step(row)
+            now[0] += 15.0
+
+    config = make_config(batch_size=1, max_steps=6, save_minutes=0.5)
+    rec = Slow(stop_after={4: StopRequest.PAUSE})
+    result = run_training(config, _task(config, tokenizer, demo_rows[:6]), rec)
+    assert [(c.step, c.final) for c in rec.checkpoints] == [(2, False), (4, False)]
+    assert result.final_checkpoint == rec.checkpoints[-1]
+
+
+def test_a_checkpoint_that_does_not_fit_the_run_is_refused(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]]
+) -> None:
+    config = make_config(batch_size=2, max_steps=1, save_steps=1)
+    run_training(config, _task(config, tokenizer, demo_rows[:4]), Recorder())  # the final one is at step 1
+    config = make_config(batch_size=2, max_steps=3, save_steps=1, output_dir=config.output_dir + "-2")
+    run_training(config, _task(config, tokenizer, demo_rows[:4]), Recorder(stop_after={1: StopRequest.PAUSE}))
+    ckpt = str(checkpoint_dir(config.output_dir, 1))
+    other_data = make_config(batch_size=2, max_steps=3, resume_from=ckpt)
+    with pytest.raises(ValueError, match=rf"^{ckpt}: the training data changed since this checkpoint$"):
+        run_training(other_data, _task(other_data, tokenizer, demo_rows[:5]), Recorder())
+    online = make_config(batch_size=2, max_steps=3, resume_from=ckpt)
+    with pytest.raises(ValueError, match=rf"^{ckpt}: this checkpoint has no state for this method$"):
+        run_training(online, _task(online, tokenizer, demo_rows[:4], repeats=2), Recorder())
