@@ -24,6 +24,7 @@ from service.config import Settings, get_settings
 from service.db import session_scope
 from service.errors import AppError, BadRequest, NotFound
 from service.ids import new_id
+from service.jobs.capacity import advertise
 from service.jobs.creation import create_job
 from service.jobs.spec import JobCreate, load_method, resolve_hyperparameters, stored_method
 from service.models import Checkpoint, File, Job, JobEvent, Tenant
@@ -142,8 +143,14 @@ def test_a_job_is_stored_queued_with_its_events_and_sent_after_commit(
 
 def test_without_a_seed_each_job_draws_its_own(tenant: Tenant, idle_broker: Waiting) -> None:
     train = _file(tenant)
-    seeds = {_create(tenant, {"training_file": train}).seed for _ in range(3)}
-    assert len(seeds) == 3 and all(0 <= s < 2**31 for s in seeds)
+    seeds = {_create(tenant, {"training_file": train}).seed for _ in range(12)}
+    # drawn below 2**31: 12 draws all below 2**20 would happen once in 2**132
+    assert len(seeds) == 12 and all(0 <= s < 2**31 for s in seeds) and max(seeds) >= 2**20
+
+
+def test_integrations_are_stored(tenant: Tenant, idle_broker: Waiting) -> None:
+    body = {"training_file": _file(tenant), "integrations": [{"type": "tensorboard"}]}
+    assert _create(tenant, body).integrations == [{"type": "tensorboard"}]
 
 
 def test_top_level_hyperparameters_are_supervised_ones(tenant: Tenant, idle_broker: Waiting) -> None:
@@ -187,11 +194,12 @@ def test_a_hub_model_is_accepted_when_the_operator_allows_it(tenant: Tenant, idl
     )
 
 
-def _fine_tuned(tenant: Tenant, *, deleted: bool) -> str:
+def _fine_tuned(tenant: Tenant, *, deleted: bool, method: str = "supervised") -> str:
     name = f"ft:{TINY_MODEL_NAME}:{tenant.id}::{new_id('ftjob')}"
-    job_id = job_row(tenant.id, "succeeded").id
+    job_id = new_id("ftjob")
     with session_scope() as session:
-        session.add(job_row(tenant.id, "succeeded", id=job_id))
+        stored = {"type": method, method: {"hyperparameters": {}}}
+        session.add(job_row(tenant.id, "succeeded", id=job_id, method=stored))
         session.flush()
         session.add(
             Checkpoint(
@@ -315,6 +323,33 @@ def test_an_rl_job_keeps_its_checked_grader(tenant: Tenant, idle_broker: Waiting
     assert error.param is not None and error.param.startswith("method.grpo.grader")
 
 
+def test_a_score_model_grader_must_be_a_reward_model_of_the_tenant(
+    tenant: Tenant, idle_broker: Waiting
+) -> None:
+    reward_model = _fine_tuned(tenant, deleted=False, method="reward_model")
+    sft_model = _fine_tuned(tenant, deleted=False)
+
+    def grpo(model: str) -> dict[str, Any]:
+        grader = {"type": "score_model", "name": "rm", "model": model}
+        return {
+            "training_file": _file(tenant, fmt="prompt_only"),
+            "method": {"type": "grpo", "grpo": {"grader": grader}},
+        }
+
+    assert _create(tenant, grpo(reward_model)).method["grpo"]["grader"]["model"] == reward_model
+    for model in (sft_model, f"ft:{TINY_MODEL_NAME}:{tenant.id}::ftjob-none"):
+        error = _refused(tenant, grpo(model))
+        assert (error.message, error.param, error.code) == (
+            f"score_model grader: '{model}' is not a reward model of this organization (train one with "
+            "method 'reward_model' and use its fine_tuned_model)",
+            "method.grpo.grader.model",
+            "model_not_available",
+        )
+    other = new_tenant("creation")  # another organization's reward model is not this one's
+    error = _refused(other, {**grpo(reward_model), "training_file": _file(other, fmt="prompt_only")})
+    assert error.code == "model_not_available"
+
+
 def test_a_multi_gpu_job_goes_to_its_pool_and_says_when_no_worker_fits(
     tenant: Tenant, idle_broker: Waiting
 ) -> None:
@@ -327,6 +362,17 @@ def test_a_multi_gpu_job_goes_to_its_pool_and_says_when_no_worker_fits(
             if e.data
         ]
     assert kinds == ["job.queued", "job.waiting_for_worker"]
+    # a live 2-GPU worker of this pool: the next such job waits for it in silence
+    with session_scope() as session:
+        advertise(session, worker_id=new_id("worker"), queue=IDLE_QUEUE, gpus=2)
+    fits = _create(tenant, {"training_file": _file(tenant), "resources": {"gpus": 2}})
+    with session_scope() as session:
+        kinds = [
+            e.data["kind"]
+            for e in session.scalars(select(JobEvent).where(JobEvent.job_id == fits.id))
+            if e.data
+        ]
+    assert kinds == ["job.queued"]
     broker = redis.Redis.from_url(IDLE_BROKER)
     try:
         waiting = [
@@ -335,4 +381,4 @@ def test_a_multi_gpu_job_goes_to_its_pool_and_says_when_no_worker_fits(
         broker.delete(job.queue)
     finally:
         broker.close()
-    assert [job.id] in waiting and (RUN_JOB_TASK, [job.id]) not in idle_broker()
+    assert [job.id] in waiting and [fits.id] in waiting and (RUN_JOB_TASK, [job.id]) not in idle_broker()
