@@ -39,6 +39,26 @@ def test_every_kind_of_field_comes_back_as_written() -> None:
     assert back.n_tokens == 5  # ids only, not the mask
 
 
+@dataclass(frozen=True)
+class Counted:
+    ids: list[int]
+    count: int
+    weight: float
+
+
+def test_int_and_float_scalars_keep_their_exact_values() -> None:
+    examples = [Counted([1], 2**60 + 1, 0.1), Counted([], -3, -1e300)]
+    store = _store(examples)
+    assert list(store) == examples
+    assert all(type(e.count) is int and type(e.weight) is float for e in store)
+
+
+def test_the_store_is_read_only(tmp_path: Path) -> None:
+    store = _store([TokenizedExample([5, 6, 7], [False, True, True])])
+    flat, _ = store._ids["input_ids"]
+    assert not flat.flags.writeable
+
+
 def test_indexing_follows_sequence_rules() -> None:
     examples = [UnpairedExample([i], [i + 1, i + 2], i % 2 == 0) for i in range(5)]
     store = _store(examples)

@@ -30,6 +30,7 @@ def test_rows_are_the_non_blank_lines(tmp_path: Path) -> None:
     assert len(read) == 3
     assert list(read) == rows
     assert read[-1] == rows[2] and read[0] == rows[0]  # any order, any number of times
+    assert read[-3] == rows[0]
     assert read[1:] == rows[1:] and read[::-2] == rows[::-2]
 
 
