@@ -3,6 +3,9 @@
     make mutants                                   # the DEFAULT modules below (~45 min on 2 cores)
     make mutants MODULES="trainers/grpo.py"        # any module listed in GUARDS
     python -m tests.mutants trainers/losses.py     # the same, without make
+    python -m tests.mutants --recheck trainers/loop.py tests/trainers/test_loop.py
+        # after writing tests for a finished run's survivors: each survivor tried again, in a fresh
+        # process, against those test files as they are now (minutes, not a new full run)
 
 For each module it prints the score (killed / mutants tried) and every surviving mutant as a diff. A
 survivor is a change to the code that no test noticed: kill it with a test, or, if it cannot change
@@ -98,8 +101,12 @@ COPIED = (
 )
 
 
+def _work_dir(module: str) -> Path:
+    return WORK / module.replace("/", "_").removesuffix(".py")
+
+
 def _prepare(module: str) -> Path:
-    work = WORK / module.replace("/", "_").removesuffix(".py")
+    work = _work_dir(module)
     work.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
         src, dest = ROOT / name, work / name
@@ -145,9 +152,18 @@ RUNS_AT_IMPORT = {"service/jobs/spec.py"}
 FRESH_TIMEOUT_SECONDS = 600
 
 
-def _fails_in_a_fresh_process(work: Path, module: str, name: str) -> bool:
+def _fails_in_a_fresh_process(work: Path, module: str, name: str, tests: list[str] | None = None) -> bool:
     env = {**os.environ, **SINGLE_THREADED, "MUTANT_UNDER_TEST": name}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *GUARDS[module]]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *(tests or GUARDS[module]),
+    ]
     try:
         done = subprocess.run(
             command, cwd=work / "mutants", env=env, capture_output=True, timeout=FRESH_TIMEOUT_SECONDS
@@ -158,14 +174,17 @@ def _fails_in_a_fresh_process(work: Path, module: str, name: str) -> bool:
     return done.returncode in (1, 2)
 
 
+def _statuses(work: Path) -> dict[str, str]:
+    """mutant name -> status, as mutmut recorded them in ``work``."""
+    results = _mutmut(work, "results", "--all", "true", capture=True)
+    return {n: s.strip() for n, s in re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", results, flags=re.MULTILINE)}
+
+
 def run(module: str) -> tuple[int, int, list[str]]:
     """(killed, tried, survivors' names) of one module, after running its mutants."""
     work = _prepare(module)
     _mutmut(work, "run")
-    results = _mutmut(work, "results", "--all", "true", capture=True)
-    statuses = {
-        n: s.strip() for n, s in re.findall(r"^\s*(\S+__mutmut_\d+): (.+)$", results, flags=re.MULTILINE)
-    }
+    statuses = _statuses(work)
     # a mutant no guarding test runs ("no tests") is a change nothing notices: it counts as surviving,
     # unless a fresh process (above) kills it
     for name, status in statuses.items():
@@ -186,6 +205,33 @@ def run(module: str) -> tuple[int, int, list[str]]:
     return killed, len(tried), survivors
 
 
+def recheck(module: str, tests: list[str]) -> int:
+    """Try each survivor of ``module``'s last run again in a fresh process against ``tests`` as they are
+    in this checkout now; print the survivors left and the score with the rechecked kills counted."""
+    work = _work_dir(module)
+    statuses = _statuses(work)
+    for test in tests:  # the new tests replace the copies the run started with
+        shutil.copy2(ROOT / test, work / "mutants" / test)
+    left = []
+    for name, status in sorted(statuses.items()):
+        if status not in ("survived", "suspicious", "timeout", "no tests"):
+            continue
+        if _fails_in_a_fresh_process(work, module, name, tests=tests):
+            statuses[name] = "killed on recheck"
+        else:
+            left.append(name)
+            print(f"\n--- {name} ({status})")
+            print(_mutmut(work, "show", name, capture=True).rstrip())
+    tried = [s for s in statuses.values() if s not in ("not checked", "skipped")]
+    killed = sum(s in ("killed", "killed on recheck") for s in statuses.values())
+    rechecked = sum(s == "killed on recheck" for s in statuses.values())
+    score = 100.0 * killed / len(tried) if tried else 0.0
+    print(
+        f"\n{module}: {killed}/{len(tried)} killed ({score:.1f}%), {rechecked} on recheck, {len(left)} left"
+    )
+    return 0
+
+
 def main(modules: list[str]) -> int:
     unknown = [m for m in modules if m not in GUARDS]
     if unknown:
@@ -202,4 +248,6 @@ def main(modules: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--recheck"]:
+        raise SystemExit(recheck(sys.argv[2], sys.argv[3:]))
     raise SystemExit(main(sys.argv[1:] or DEFAULT))
