@@ -13,12 +13,14 @@ import base64
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from sqlalchemy import func, select
 
+import service.queue
 from service.base_models.catalog import TINY_MODEL_NAME
 from service.config import Settings, get_settings
 from service.db import session_scope
@@ -29,7 +31,7 @@ from service.jobs.creation import create_job
 from service.jobs.spec import JobCreate, load_method, resolve_hyperparameters, stored_method
 from service.models import Checkpoint, File, Job, JobEvent, Tenant
 from service.queue import RUN_JOB_TASK
-from tests.conftest import IDLE_BROKER, IDLE_QUEUE
+from tests.conftest import IDLE_BROKER, IDLE_QUEUE, free_port
 from tests.helpers import job_row, new_tenant
 
 Waiting = Callable[[], list[tuple[str, list[Any]]]]
@@ -382,3 +384,37 @@ def test_a_multi_gpu_job_goes_to_its_pool_and_says_when_no_worker_fits(
     finally:
         broker.close()
     assert [job.id] in waiting and [fits.id] in waiting and (RUN_JOB_TASK, [job.id]) not in idle_broker()
+
+
+def test_with_the_broker_down_the_job_is_stored_and_marked_unsent(
+    tenant: Tenant, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The send after commit fails: the job is kept, queued, with no `dispatched_at`, so the next
+    reconciler pass sends it at once."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    app = service.queue.make_celery(Settings(broker_url=dead, data_dir=tmp_path))
+    monkeypatch.setattr(service.queue, "get_celery", lambda: app)
+    job = _create(tenant, {"training_file": _file(tenant)})
+    with session_scope() as session:
+        row = session.get(Job, job.id)
+        assert row is not None
+        assert (row.status, row.dispatched_at) == ("queued", None) and row.queued_at is not None
+
+
+def test_a_python_grader_is_refused_unless_the_operator_allows_it(
+    tenant: Tenant, idle_broker: Waiting
+) -> None:
+    grader = {"type": "python", "name": "p", "source": "def grade(sample, item):\n    return 1.0\n"}
+    body = {
+        "training_file": _file(tenant, fmt="prompt_only"),
+        "method": {"type": "grpo", "grpo": {"grader": grader}},
+    }
+    error = _refused(tenant, body, get_settings().model_copy(update={"allow_python_grader": False}))
+    assert (error.message, error.param, error.code) == (
+        "python graders are disabled on this deployment (the operator enables them with "
+        "TUNEHOUSE_ALLOW_PYTHON_GRADER=1)",
+        "method.grpo.grader.type",
+        "python_grader_disabled",
+    )
+    allowed = get_settings().model_copy(update={"allow_python_grader": True})
+    assert _create(tenant, body, allowed).method["grpo"]["grader"]["type"] == "python"
