@@ -408,3 +408,21 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused(
     online = make_config(batch_size=2, max_steps=3, resume_from=ckpt)
     with pytest.raises(ValueError, match=rf"^{ckpt}: this checkpoint has no state for this method$"):
         run_training(online, _task(online, tokenizer, demo_rows[:4], repeats=2), Recorder())
+
+
+def test_adamw_is_fused_and_decays_matrices_only(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]]
+) -> None:
+    """Full fine-tuning, weight decay 0.1: the matrices decay, the 1-D norm scales do not (GPT-2 and Llama
+    recipes), and the optimizer is torch's fused AdamW (one kernel over all parameters)."""
+    config = make_config(use_lora=False, weight_decay=0.1)
+    run = _Loop(config, _task(config, tokenizer, demo_rows[:4]))
+    groups = run.optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert all(p.ndim >= 2 for p in groups[0]["params"]) and all(p.ndim < 2 for p in groups[1]["params"])
+    assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(run.params) > 0
+    assert all(g["fused"] is True for g in groups)
+    assert (
+        loop._fusable([torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)]) is False
+    )
+    assert loop._fusable([]) is False
