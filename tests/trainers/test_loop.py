@@ -10,6 +10,7 @@ GPU this suite does not have; the branches themselves are the real code.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import time
@@ -134,7 +135,7 @@ def test_a_run_has_the_steps_its_data_epochs_and_repeats_make(
         assert [row["repeat"] for row in rec.steps] == [float(r) for _, _, r in steps]
 
 
-@pytest.mark.parametrize("at", [(0, 0, 0, 0), (3, 1, 2, 1), (5, 1, 2, 2), (8, 2, 2, 0)])
+@pytest.mark.parametrize("at", [(0, 0, 0, 0), (3, 1, 2, 1), (5, 1, 2, 2), (8, 2, 2, 0), (26, 2, 2, 2)])
 def test_a_resumed_position_counts_the_steps_left_from_it(
     make_config: Callable[..., SFTConfig],
     tokenizer: PreTrainedTokenizerBase,
@@ -319,13 +320,18 @@ def test_a_step_of_one_loss_unit_is_divided_by_one(
     example = TokenizedExample([5, 9, 7], [False, False, True])  # one target
     config = make_config(batch_size=1, max_steps=1, save_minutes=0)
     task = _task(config, tokenizer, [{"text": "x"}])
-    task.train_data = [example]
+    task.train_data, task.valid_data = [example], [example]
     batch = pad_batch([example], pad_token_id=tokenizer.pad_token_id)
     with torch.no_grad():
         expected = sft_loss(task.model, batch).loss.item()
+    model_before = copy.deepcopy(task.model)
     rec = Recorder()
     run_training(config, task, rec)
     assert rec.steps[0]["loss"] == pytest.approx(expected, rel=1e-6)
+    with torch.no_grad():  # validated after the step, also over its one unit
+        after = sft_loss(task.model, batch).loss.item()
+    assert rec.evals[0]["valid_loss"] == pytest.approx(after, rel=1e-6)
+    assert after != pytest.approx(sft_loss(model_before, batch).loss.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.0, 0.5, 1e-4])
