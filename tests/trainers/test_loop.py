@@ -293,8 +293,9 @@ def test_step_rows_report_epoch_progress_metrics_and_throughput(
         metrics: dict[str, float | torch.Tensor] = {
             "per_unit": float(batch.n_targets),
             "per_row": torch.tensor(2.0 * rows),
+            "unseen": 0.0,  # a metric whose units sum to 0 in a step (KTO's side with no example in it)
         }
-        return LossSums(out.loss, metrics, metric_units={"per_row": rows})
+        return LossSums(out.loss, metrics, metric_units={"per_row": rows, "unseen": 0.0})
 
     config = make_config(batch_size=2, gradient_accumulation_steps=3, n_epochs=2, save_minutes=0)
     rec = Recorder()
@@ -308,6 +309,7 @@ def test_step_rows_report_epoch_progress_metrics_and_throughput(
     assert [row["epoch"] for row in rec.steps] == pytest.approx(expected_epochs)
     assert [row["per_unit"] for row in rec.steps] == pytest.approx([1.0] * len(rec.steps))
     assert [row["per_row"] for row in rec.steps] == pytest.approx([2.0] * len(rec.steps))
+    assert not any("unseen" in row for row in rec.steps)  # left out, not divided by 0
     trained = [0.0] + [r["trained_tokens"] for r in rec.steps]
     tokens = [b - a for a, b in itertools.pairwise(trained)]
     for row, n in zip(rec.steps, tokens, strict=True):
