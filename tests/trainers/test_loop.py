@@ -437,3 +437,22 @@ def test_adamw_is_fused_and_decays_matrices_only(
         loop._fusable([torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)]) is False
     )
     assert loop._fusable([]) is False
+
+
+def test_a_run_resumed_with_a_larger_step_groups_the_rest_of_its_data(
+    make_config: Callable[..., SFTConfig], tokenizer: PreTrainedTokenizerBase, demo_rows: list[dict[str, Any]]
+) -> None:
+    """As when a checkpoint of N ranks resumes on M: 10 rows, 5 micro-batches, paused after 2 one-micro-batch
+    steps, resumed with 2 micro-batches a step: the 3 left make 2 more steps (4 in all, not the 3 a fresh
+    run of that step size has), starting at the example where the first run stopped."""
+    first = make_config(batch_size=2, gradient_accumulation_steps=1, save_minutes=0)
+    run_training(first, _task(first, tokenizer, demo_rows[:10]), Recorder(stop_after={2: StopRequest.PAUSE}))
+    ckpt = str(checkpoint_dir(first.output_dir, 2))
+    resumed = make_config(
+        batch_size=2, gradient_accumulation_steps=2, resume_from=ckpt, output_dir=first.output_dir + "-r"
+    )
+    rec = Recorder()
+    run_training(resumed, _task(resumed, tokenizer, demo_rows[:10]), rec)
+    assert rec.begin["total_steps"] == 4
+    assert [row["step"] for row in rec.steps] == [3.0, 4.0]
+    assert [row["epoch"] for row in rec.steps] == pytest.approx([4 / 5, 1.0])
