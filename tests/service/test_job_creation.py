@@ -251,13 +251,11 @@ def test_files_are_checked_by_name(tenant: Tenant, param: str) -> None:
     other = {"training_file": good} if param == "validation_file" else {}
 
     def refusal(file_id: str) -> tuple[str, str | None, str | None]:
-        error = _refused(
-            tenant, {**other, param: file_id} if param == "validation_file" else {param: file_id}
-        )
+        error = _refused(tenant, {**other, param: file_id})
         return error.message, error.param, error.code
 
     assert refusal("file-missing") == (f"{param}: no such file 'file-missing'", param, "invalid_file")
-    foreign = _file(Tenant(id=_another_tenant(), name="x"))
+    foreign = _file(new_tenant("creation"))
     assert refusal(foreign) == (f"{param}: no such file '{foreign}'", param, "invalid_file")
     results = _file(tenant, purpose="fine-tune-results")
     assert refusal(results) == (
@@ -273,13 +271,6 @@ def test_files_are_checked_by_name(tenant: Tenant, param: str) -> None:
         param,
         "invalid_file_format",
     )
-
-
-def _another_tenant() -> str:
-    with session_scope() as session:
-        row = Tenant(id=new_id("tenant"), name=f"creation-{new_id('t')}")
-        session.add(row)
-    return row.id
 
 
 CHECK = {
