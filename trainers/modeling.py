@@ -59,6 +59,16 @@ def autocast_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | 
     return torch.bfloat16 if mixed_precision == "bf16" else torch.float16
 
 
+def use_plan_free_attention(device: torch.device) -> None:
+    """On CUDA, keep sdpa off cuDNN's attention: cuDNN builds an execution plan for every new sequence
+    length, and a training run's micro-batches are padded to their own longest row, so nearly every step
+    is a new length. On an H200 that planning took ~16 ms of CPU per attention call in a DPO step of
+    SmolLM2's shapes (2.2 s a step against 0.7 s of GPU work); the flash and memory-efficient kernels
+    sdpa falls back to need none. This process trains one job, so the global switch is its own."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
@@ -81,6 +91,7 @@ def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     if settings.gradient_checkpointing:
         _enable_gradient_checkpointing(model)
+    use_plan_free_attention(device)
     return torch.nn.Module.to(model, device)  # (transformers' typed `to` rejects a device)
 
 
@@ -152,6 +163,7 @@ def load_sequence_classifier(
         model.get_submodule("base_model.model.score").float()  # the head trains in fp32
     if settings.gradient_checkpointing:
         _enable_gradient_checkpointing(model)
+    use_plan_free_attention(device)
     return torch.nn.Module.to(model, device)
 
 
