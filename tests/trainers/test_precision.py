@@ -27,8 +27,13 @@ def test_cpu_trains_in_fp32_whatever_the_setting() -> None:
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "auto"])
 def test_a_precision_setting_on_cpu_repeats_the_fp32_run(
-    make_config: Callable[..., SFTConfig], demo_rows: list[dict[str, Any]], precision: str
+    make_config: Callable[..., SFTConfig],
+    demo_rows: list[dict[str, Any]],
+    precision: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # on the CPU even on a GPU host (where the setting does apply: run there, this test failed before)
+    monkeypatch.setattr("trainers.sft.pick_device", lambda: torch.device("cpu"))
     runs = {}
     for setting in ("no", precision):
         rec = Recorder()
