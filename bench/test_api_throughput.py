@@ -1,6 +1,7 @@
-"""API throughput: one uvicorn process on PostgreSQL under `wrk`, at 8, 50, 200 and 1,000 connections.
+"""API throughput: uvicorn on PostgreSQL under `wrk`, at 8, 50, 200 and 1,000 connections.
 
     make bench ARGS="-k api_throughput -s"        # needs `wrk` (Debian: apt-get install wrk)
+    BENCH_API_WORKERS=2 make bench ARGS="-k api_throughput -s"   # two uvicorn processes (default one)
 
 Prints, for `GET /v1/fine_tuning/jobs/{id}` (the call a polling dashboard fleet makes): req/s, p50 and
 p99 latency, non-2xx answers and socket errors, and the median and slowest `/healthz` seen while each load ran
@@ -34,6 +35,7 @@ from tests.helpers import TERMINAL, chat_rows, trainer_pid, upload_ok, wait_for
 
 CONNECTIONS = (8, 50, 200, 1000)
 SECONDS = int(os.environ.get("BENCH_API_SECONDS", "10"))
+WORKERS = int(os.environ.get("BENCH_API_WORKERS", "1"))  # uvicorn --workers (processes)
 DISPATCH_JOBS = 3
 MODEL = "tunehouse/tiny-llama"
 
@@ -149,7 +151,7 @@ def wrk() -> None:
 def idle_api() -> Iterator[str]:
     # its own queue too: the hundreds of jobs the creation-rate row leaves queued must not sit in the
     # queue the dispatch-latency worker claims from (it would run them first: they are older)
-    url, server = start_server(IDLE)
+    url, server = start_server(IDLE, workers=WORKERS)
     yield url
     _stop(server)
 
@@ -187,7 +189,7 @@ def test_api_throughput(idle_api: str) -> None:
         )
         creation = _parse(_wrk(f"{idle_api}/v1/fine_tuning/jobs", key, 8, SECONDS, script), 8, 0)
 
-    print(f"\nGET /v1/fine_tuning/jobs/{{id}}, {SECONDS} s per row, wrk on the same host")
+    print(f"\nGET /v1/fine_tuning/jobs/{{id}}, {SECONDS} s per row, {WORKERS} uvicorn process(es), wrk here")
     print("| connections | req/s | p50 ms | p99 ms | non-2xx | socket errors | /healthz p50 / max ms |")
     print("|---|---|---|---|---|---|---|")
     for load in loads:

@@ -140,14 +140,23 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def start_server(
-    env_overrides: dict[str, str], port: int | None = None
+    env_overrides: dict[str, str], port: int | None = None, *, workers: int = 1
 ) -> tuple[str, subprocess.Popen[bytes]]:
     port = port or free_port()
     env = {**os.environ, **env_overrides}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "service.app:app", "--port", str(port), "--log-level", "warning"],
-        env=env,
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "service.app:app",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    if workers > 1:  # uvicorn's supervisor and that many server processes
+        command += ["--workers", str(workers)]
+    proc = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/readyz", proc)
     return url, proc

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from service.models import Job
@@ -47,9 +49,10 @@ class Waiting:
         )
 
 
-def fair_order(session: Session, *, queues: Sequence[str] | None = None) -> list[Waiting]:
-    """The queued jobs of `queues` (None: of every queue), fairest first. Running jobs count in every
-    queue: the share and the limit are the tenant's, not per queue."""
+@cache
+def _fair_order_query() -> Select[Any]:
+    """The fair order's statement, built once: it has no parameters, and building it (three subqueries
+    and their column collections) was a third of the CPU of a queued job's read under load."""
     running = (
         select(Job.tenant_id, func.count().label("n"))
         .where(Job.status == "running")
@@ -64,12 +67,18 @@ def fair_order(session: Session, *, queues: Sequence[str] | None = None) -> list
         .subquery()
     )
     turn = func.row_number().over(partition_by=(Job.tenant_id, Job.queue), order_by=(Job.queued_at, Job.id))
-    query = (
+    return (
         select(Job.id, Job.tenant_id, Job.queue, turn, running.c.n, served.c.last, Job.queued_at)
         .outerjoin(running, running.c.tenant_id == Job.tenant_id)
         .outerjoin(served, served.c.tenant_id == Job.tenant_id)
         .where(Job.status == "queued")
     )
+
+
+def fair_order(session: Session, *, queues: Sequence[str] | None = None) -> list[Waiting]:
+    """The queued jobs of `queues` (None: of every queue), fairest first. Running jobs count in every
+    queue: the share and the limit are the tenant's, not per queue."""
+    query = _fair_order_query()
     rows = session.execute(query if queues is None else query.where(Job.queue.in_(list(queues)))).all()
     waiting = [
         Waiting(
