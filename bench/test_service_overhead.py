@@ -1,0 +1,111 @@
+"""Service overhead: a fine-tuning job through the service against the same trainer called directly.
+
+    make bench TRAINER_BENCH=--skip ARGS="-k service_overhead -s"
+
+One SFT job on the tiny model (`OVERHEAD_ROWS` rows, `OVERHEAD_EPOCHS` epochs) goes through the real
+service: upload, POST, an idle Celery worker claims it, spawns its trainer process, which reads the
+file from the blob store, reports every step's metrics and events, checkpoints and uploads the result;
+the client polls until `succeeded`. Then the same trainer runs directly, in a fresh process of its own:
+the job's stored method (its resolved hyperparameters), its seed and the same rows go through the same
+`worker.methods.run_method`, with no reporting, no blob store and no database. Both walls include a
+Python process start and the model load; the overhead is their difference over the direct wall (the
+issue's target: at most 5%). The job runs first, after a warm-up job, and the two alternate over
+`OVERHEAD_RUNS` pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import WORKER_BROKER, _stop, new_key, start_server
+from tests.helpers import TERMINAL, chat_rows, jsonl, trainer_pid, upload_ok
+
+ROWS = int(os.environ.get("OVERHEAD_ROWS", "2000"))
+EPOCHS = int(os.environ.get("OVERHEAD_EPOCHS", "4"))
+RUNS = int(os.environ.get("OVERHEAD_RUNS", "2"))
+MODEL = "tunehouse/tiny-llama"
+
+# the trainer called directly: argv = stored method (JSON), seed, rows file, output folder
+DIRECT = """
+import json, sys
+from pathlib import Path
+from service.jobs.spec import load_method
+from trainers.jsonl_rows import JsonlRows
+from trainers.loop import NullCallbacks
+from trainers.tiny_model import build_tiny_model
+from worker.methods import RunInputs, run_method
+
+method, seed, rows, out = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+model = build_tiny_model(out / "model", seed=0)
+inputs = RunInputs(str(model), out / "run", seed, None, JsonlRows(rows, param="training_file"), None)
+run_method(load_method(method), inputs, NullCallbacks())
+"""
+
+
+def _job_wall(client: httpx.Client, file_id: str) -> tuple[float, dict[str, object]]:
+    body = {
+        "model": MODEL,
+        "training_file": file_id,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": EPOCHS}}},
+    }
+    started = time.perf_counter()
+    job = client.post("/v1/fine_tuning/jobs", json=body).json()
+    while (job := client.get(f"/v1/fine_tuning/jobs/{job['id']}").json())["status"] not in TERMINAL:
+        assert time.perf_counter() - started < 900, job
+        time.sleep(0.05)
+    wall = time.perf_counter() - started
+    assert job["status"] == "succeeded", job
+    while trainer_pid(str(job["id"])) is not None:  # idle again before the next measurement
+        time.sleep(0.01)
+    return wall, job
+
+
+def _direct_wall(job: dict[str, object], rows: Path) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-c", DIRECT, json.dumps(job["method"]), str(job["seed"]), str(rows), out]
+        started = time.perf_counter()
+        subprocess.run(command, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        return time.perf_counter() - started
+
+
+@pytest.mark.slow
+def test_service_overhead(tmp_path: Path) -> None:
+    rows = chat_rows(ROWS)
+    rows_file = tmp_path / "train.jsonl"
+    rows_file.write_bytes(jsonl(rows))
+    url, server = start_server({"TUNEHOUSE_BROKER_URL": WORKER_BROKER})
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"],
+        env={**os.environ, "TUNEHOUSE_BROKER_URL": WORKER_BROKER},
+    )
+    pairs: list[tuple[float, float]] = []
+    try:
+        key = new_key()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+            file_id = upload_ok(client, rows)
+            _job_wall(client, upload_ok(client, chat_rows(4)))  # warm-up: the worker is still starting
+            for _ in range(RUNS):
+                job_s, job = _job_wall(client, file_id)
+                pairs.append((job_s, _direct_wall(job, rows_file)))
+    finally:
+        _stop(worker)
+        _stop(server)
+    tokens = job["trained_tokens"]
+    print(f"\nSFT on the tiny model, {ROWS} rows x {EPOCHS} epochs ({tokens} trained tokens), {RUNS} pairs")
+    print("| run | job through the service s | trainer called directly s | overhead |")
+    print("| --- | --- | --- | --- |")
+    for i, (job_s, direct_s) in enumerate(pairs, 1):
+        print(f"| {i} | {job_s:.1f} | {direct_s:.1f} | {(job_s - direct_s) / direct_s:+.1%} |")
+    job_med, direct_med = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    overhead = (job_med - direct_med) / direct_med
+    print(f"median: {job_med:.1f} s vs {direct_med:.1f} s, overhead {overhead:+.1%}")
