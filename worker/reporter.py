@@ -292,8 +292,14 @@ class JobReporter:
         # the buffer is emptied only after the commit: a failed write keeps every row for the next try
         pending = self._pending
         with session_scope() as session:
+            # the rows these steps already have (a resumed run re-logs, an evaluation joins its step):
+            # one query for the whole buffer, not one per step
+            stored = session.scalars(
+                select(JobMetric).where(JobMetric.job_id == self.job_id, JobMetric.step.in_(list(pending)))
+            )
+            existing = {row.step: row for row in stored}
             for step, entry in sorted(pending.items()):
-                row = session.get(JobMetric, (self.job_id, step))
+                row = existing.get(step)
                 if row is None:
                     session.add(
                         JobMetric(job_id=self.job_id, step=step, epoch=entry["epoch"], values=entry["values"])
