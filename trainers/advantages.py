@@ -16,6 +16,7 @@ every change, and under the mutation check (``make mutants MODULES=trainers/adva
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -131,18 +132,26 @@ def per_token_rewards(
     return rewards, kl
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 1e-8,
+    *,
+    across: Callable[[torch.Tensor], torch.Tensor] = lambda total: total,
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the masked entries (unbiased variance); 0 outside the mask.
+    ``across`` turns a sum over this ``x`` into the sum over the whole batch, when other processes hold
+    the rest of it (``trainers.distributed.sum_tensor``); by default ``x`` is the whole batch.
 
     >>> masked_whiten(torch.tensor([[1.0, 3.0, 9.0]]), torch.tensor([[1, 1, 0]]))
     tensor([[-0.7071,  0.7071,  0.0000]])
     """
     mask = mask.to(x.dtype)
-    n = mask.sum()
+    n = across(mask.sum())
     if n == 0:  # nothing to whiten (e.g. no completion of the rollout was scored)
         return torch.zeros_like(x)
-    mean = (x * mask).sum() / n
-    var = (((x - mean) ** 2) * mask).sum() / n
+    mean = across((x * mask).sum()) / n
+    var = across((((x - mean) ** 2) * mask).sum()) / n
     if n > 1:
         var = var * n / (n - 1)
     return (x - mean) * torch.rsqrt(var + eps) * mask

@@ -11,6 +11,15 @@ backward), and gradients are summed over ranks, so a step is the same arithmetic
 ``gradient_accumulation_steps x W`` micro-batches: the loss curve of W ranks equals that of one process
 with the same global batch, up to float summation order.
 
+Online methods (GRPO, PPO, RLOO, online DPO) split the step's prompts the same way: each rank samples,
+scores and trains on its micro-batches' prompts, and takes the step's statistics (a batch-wide reward
+std, PPO's advantage whitening, the reported metrics) over every rank's completions (``gather_rows``,
+``sum_tensor``). An epoch's last step that has fewer micro-batches than ranks gives the ranks left over
+micro-batches from the epoch's start, as accelerate's ``even_batches`` does: a rank with nothing to sample
+would have nothing to score either. Sampling draws differ from one process's (each rank samples its own
+batch, seeded by the step's seed plus its rank), so an online run's curve on W ranks is another sample
+of the same process than the 1-rank curve, not the same numbers.
+
 Strategies:
 
 - ``ddp``: every rank holds the whole model and optimizer; gradients are summed with one all-reduce per
@@ -165,6 +174,56 @@ def broadcast_parameters(params: Sequence[torch.nn.Parameter]) -> None:
     with _collective("broadcast(parameters)"), torch.no_grad():
         for p in params:
             dist.broadcast(p.data, src=0)
+
+
+def gather_rows(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], slice]:
+    """Every rank's rows of each tensor, concatenated in rank order (one collective for all of them),
+    and where this rank's rows are in them. Ranks may hold different numbers of rows; the trailing
+    dimensions must agree. The online methods take a step's statistics over these (reward std, advantage
+    whitening, metrics), so that they are the step's, not one rank's share of it."""
+    rows = tensors[0].size(0)
+    if world_size() == 1:
+        return list(tensors), slice(0, rows)
+    gathered: list[list[torch.Tensor] | None] = [None] * world_size()
+    with _collective("all_gather(rows)"):
+        dist.all_gather_object(gathered, [t.detach().cpu() for t in tensors])
+    parts = [p or [] for p in gathered]
+    start = sum(part[0].size(0) for part in parts[: rank()])
+    joined = [torch.cat([part[i] for part in parts]).to(t.device) for i, t in enumerate(tensors)]
+    return joined, slice(start, start + rows)
+
+
+def sum_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over all ranks (a new tensor; ``t`` itself on one rank)."""
+    if world_size() == 1:
+        return t
+    total = t.detach().to(device=_backend_device(), dtype=torch.float64, copy=True)
+    with _collective("all_reduce(tensor)"):
+        dist.all_reduce(total)
+    return total.to(device=t.device, dtype=t.dtype)
+
+
+def agree(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank: a decision that must be the same everywhere (a checkpoint is due,
+    and every rank takes part in writing it), taken by rank 0 alone."""
+    if world_size() == 1:
+        return flag
+    return bool(broadcast_code(int(flag), _backend_device()))
+
+
+def gather_objects(obj: object) -> list[object]:
+    """Every rank's ``obj`` (picklable), in rank order."""
+    if world_size() == 1:
+        return [obj]
+    gathered: list[object] = [None] * world_size()
+    with _collective("all_gather(objects)"):
+        dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _backend_device() -> torch.device:
+    """Where collective tensors live: this rank's GPU under NCCL, else the CPU (gloo)."""
+    return local_device() if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def union_keys(mapping: Mapping[str, object]) -> list[str]:

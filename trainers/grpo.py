@@ -32,12 +32,13 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers import distributed as dist
 from trainers.advantages import group_advantages, group_reward_metrics
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows
 from trainers.loop import LossSums, PreparedStep
-from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
+from trainers.rl import RewardSet, step_completions, train_on_rollouts
 from trainers.rl_losses import grpo_loss_terms
 from trainers.rollout import (
     ReusedRollout,
@@ -47,6 +48,7 @@ from trainers.rollout import (
     generate_rollout,
     micro_batch_spans,
     reference_logps,
+    rollout_seed,
 )
 
 
@@ -153,7 +155,7 @@ class GRPORollouts(ReusedRollout[GRPOBatch]):
 
     def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[GRPOBatch]:
         c = self.config
-        seed = int(torch.randint(0, 2**62, (1,)).item())  # from the loop's RNG: resumes draw the same
+        seed = rollout_seed()
         rollout = generate_rollout(
             model,
             self.tokenizer,
@@ -165,12 +167,14 @@ class GRPORollouts(ReusedRollout[GRPOBatch]):
             seed=seed,
         )
         scores = self.rewards.score(rollout.prompts, rollout.completions, rollout.columns)
-        advantages = group_advantages(scores.total, c.num_generations, c.scale_rewards)
+        step = step_completions(scores, rollout)  # every rank's: a batch-wide std is the step's
+        advantages = group_advantages(step.scores.total, c.num_generations, c.scale_rewards)[step.mine]
         device = rollout.completion_ids.device
         loss_mask = rollout.loss_mask(c.mask_truncated_completions)
         spans = micro_batch_spans([len(group) * c.num_generations for group in examples])
         units = [self._units(loss_mask[rows]) for rows in spans]
-        metric_scale = max(1, sum(units)) / max(1, int(loss_mask.sum()))
+        step_units, step_tokens = dist.sum_floats([sum(units), float(loss_mask.sum())], device)
+        metric_scale = max(1.0, step_units) / max(1.0, step_tokens)
         batches = []
         for rows, n_units in zip(spans, units, strict=True):
             part = rollout.select(rows)
@@ -195,9 +199,9 @@ class GRPORollouts(ReusedRollout[GRPOBatch]):
                 )
             )
         metrics = {
-            **group_reward_metrics(scores.total, c.num_generations),
-            **completion_metrics(rollout.completion_mask, rollout.truncated),
-            **scores.metrics(),
+            **group_reward_metrics(step.scores.total, c.num_generations),
+            **step.completion_metrics(),
+            **step.scores.metrics(),
         }
         return PreparedStep(batches, metrics)
 

@@ -192,8 +192,6 @@ class _Loop(Generic[E, B]):
         self.world, self.rank = dist.world_size(), dist.rank()
         self.s, self.task = settings, task
         self.cb: TrainingCallbacks = callbacks if self.rank == 0 else NullCallbacks()
-        if self.world > 1 and task.preparer is not None:
-            raise NotImplementedError("online methods (rollouts) run on one rank for now")
         self.model = task.model
         self.device = next(self.model.parameters()).device
         self.compute_dtype = autocast_dtype(settings.mixed_precision, self.device)
@@ -226,6 +224,7 @@ class _Loop(Generic[E, B]):
         self.scaler = torch.amp.GradScaler(self.device.type) if fp16 else None
         self.state = LoopState(total_steps=self.total_steps, sampler_seed=settings.seed)
         self.last_ckpt: CheckpointInfo | None = None
+        self.saved: tuple[int, bool] | None = None  # (step, final) of the last checkpoint, on every rank
         self.saved_at = clock()  # for save_minutes: training time since the last checkpoint
 
     def _total_steps(self, at: LoopState) -> int:
@@ -268,7 +267,8 @@ class _Loop(Generic[E, B]):
                 self._evaluate()
             if epoch_done:
                 self.cb.on_epoch_end(epoch=self.state.epoch, step=self.state.step)
-            if self._save_due():
+            # rank 0's clock decides (save_minutes): every rank takes part in writing the checkpoint
+            if dist.agree(self._save_due()):
                 self._checkpoint_once(final=False)
         final = self._checkpoint_once(final=True)
         return TrainResult(final, None, self.state.step, dict(self.state.metrics))
@@ -287,14 +287,15 @@ class _Loop(Generic[E, B]):
         last = min(first + self.group, self.micro_per_epoch)
         start = time.perf_counter()
         step_metrics: dict[str, float] = {}
+        # this rank's share of the step's micro-batches: every world-th one
+        mine = list(range(first + self.rank, last, self.world))
         if self.task.preparer is None:
-            # this rank's share of the step's micro-batches: every world-th one
-            mine = range(first + self.rank, last, self.world)
             batches = [self._micro_batch(st.permutation, i) for i in mine]
         else:
-            examples: list[Sequence[E]] = [
-                self._micro_examples(st.permutation, i) for i in range(first, last)
-            ]
+            # a rank left without prompts at an epoch's end samples some from its start instead (as
+            # accelerate's even_batches): the step's statistics gather every rank's rollout
+            mine = mine or [(first + self.rank) % self.micro_per_epoch]
+            examples: list[Sequence[E]] = [self._micro_examples(st.permutation, i) for i in mine]
             with self._autocast():
                 prepared = self.task.preparer.prepare(self.model, examples, st.repeat)
             batches, step_metrics = prepared.batches, prepared.metrics
@@ -432,11 +433,13 @@ class _Loop(Generic[E, B]):
         return s.save_minutes > 0 and clock() - self.saved_at >= 60.0 * s.save_minutes
 
     def _checkpoint_once(self, *, final: bool) -> CheckpointInfo | None:
-        if self.rank != 0:  # the state is the same on every rank: rank 0 writes the one copy
+        """Write a checkpoint of this step unless it is written already; every rank calls it."""
+        if self.saved == (self.state.step, final):
+            return self.last_ckpt
+        self.saved = (self.state.step, final)
+        task_state = None if final else self._task_state()  # a collective on several ranks
+        if self.rank != 0:  # the weights are the same on every rank: rank 0 writes the one copy
             return None
-        last = self.last_ckpt
-        if last is not None and last.step == self.state.step and last.final == final:
-            return last
         st = self.state
         ckpt = save_checkpoint(
             self.s.output_dir,
@@ -448,7 +451,7 @@ class _Loop(Generic[E, B]):
             optimizer=None if final else self.optimizer,
             scheduler=None if final else self.scheduler,
             scaler=None if final else self.scaler,
-            task_state=None if final else self._task_state(),
+            task_state=task_state,
         )
         self.last_ckpt = ckpt
         self.cb.on_checkpoint(ckpt)
@@ -458,11 +461,15 @@ class _Loop(Generic[E, B]):
         return ckpt
 
     def _task_state(self) -> dict[str, Any] | None:
+        """The method's state: the preparer's of every rank (each holds its own share of the rollout in
+        use), and the extra trainable module (the same on every rank)."""
         task = self.task
         if task.preparer is None and task.extra_trainable is None:
             return None
+        preparers = dist.gather_objects(task.preparer.state_dict() if task.preparer is not None else {})
         return {
-            "preparer": task.preparer.state_dict() if task.preparer is not None else {},
+            "preparer": preparers[0],
+            "preparer_by_rank": preparers,
             "extra_trainable": task.extra_trainable.state_dict() if task.extra_trainable is not None else {},
         }
 
@@ -473,7 +480,11 @@ class _Loop(Generic[E, B]):
         if state is None:
             raise ValueError(f"{self.s.resume_from}: this checkpoint has no state for this method")
         if task.preparer is not None:
-            task.preparer.load_state_dict(state["preparer"])
+            by_rank = state.get("preparer_by_rank", [state["preparer"]])
+            # a rollout in use was split over the ranks that wrote it: on as many ranks, each takes its
+            # own share back; on another number, the step samples a fresh rollout with the current policy
+            if len(by_rank) == self.world:
+                task.preparer.load_state_dict(by_rank[self.rank])
         if task.extra_trainable is not None:
             task.extra_trainable.load_state_dict(state["extra_trainable"])
 

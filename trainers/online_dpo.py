@@ -37,7 +37,7 @@ from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows
 from trainers.loop import LossSums, PreparedStep
-from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
+from trainers.rl import RewardScores, RewardSet, step_completions, train_on_rollouts
 from trainers.rl_losses import online_dpo_loss
 from trainers.rollout import (
     ReusedRollout,
@@ -47,6 +47,7 @@ from trainers.rollout import (
     generate_rollout,
     micro_batch_spans,
     reference_logps,
+    rollout_seed,
 )
 
 
@@ -147,7 +148,7 @@ class OnlineDPORollouts(ReusedRollout[OnlineDPOBatch]):
         self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]
     ) -> PreparedStep[OnlineDPOBatch]:
         c = self.config
-        seed = int(torch.randint(0, 2**62, (1,)).item())  # from the loop's RNG: resumes draw the same
+        seed = rollout_seed()
         rollout = generate_rollout(
             model,
             self.tokenizer,
@@ -159,10 +160,9 @@ class OnlineDPORollouts(ReusedRollout[OnlineDPOBatch]):
             seed=seed,
         )
         rewards = self.rewards.score(rollout.prompts, rollout.completions, rollout.columns)
-        scores = rewards.total
-        if c.missing_eos_penalty is not None:
-            scores = scores - c.missing_eos_penalty * rollout.truncated.float().cpu()
-        pairs = judge_pairs(scores)
+        step = step_completions(rewards, rollout)  # every rank's completions, for the step's metrics
+        step_scores = self._scores(step.scores, step.truncated)
+        pairs = judge_pairs(step_scores[step.mine])
         device = rollout.completion_ids.device
         batches = []
         for rows in micro_batch_spans([2 * len(group) for group in examples]):
@@ -178,16 +178,23 @@ class OnlineDPORollouts(ReusedRollout[OnlineDPOBatch]):
                     judged=pairs.judged[pair_rows].to(device),
                 )
             )
-        judged = pairs.judged
-        margin = scores[pairs.chosen] - scores[pairs.rejected]
+        step_pairs = judge_pairs(step_scores)
+        judged = step_pairs.judged
+        margin = step_scores[step_pairs.chosen] - step_scores[step_pairs.rejected]
         metrics = {
-            "reward": float(torch.nanmean(rewards.total)),
+            "reward": float(torch.nanmean(step.scores.total)),
             "frac_pairs_judged": float(judged.float().mean()),
             "scores_margin": float(margin[judged].mean()) if judged.any() else 0.0,
-            **completion_metrics(rollout.completion_mask, rollout.truncated),
-            **rewards.metrics(),
+            **step.completion_metrics(),
+            **step.scores.metrics(),
         }
         return PreparedStep(batches, metrics)
+
+    def _scores(self, rewards: RewardScores, truncated: torch.Tensor) -> torch.Tensor:
+        """What the judge compares: the rewards, less ``missing_eos_penalty`` without EOS."""
+        if self.config.missing_eos_penalty is None:
+            return rewards.total
+        return rewards.total - self.config.missing_eos_penalty * truncated.float().cpu()
 
 
 # -- entry point ----------------------------------------------------------------------------------------

@@ -38,19 +38,27 @@ from typing import Any, ClassVar, Self
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers import distributed as dist
 from trainers.advantages import gae, masked_whiten, per_token_rewards
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows, begin_training
 from trainers.loop import LossSums, PreparedStep, TrainingTask, run_training
 from trainers.modeling import load_model, pick_device
-from trainers.rl import RewardSet, completion_metrics, frozen_reference, reward_evaluator
+from trainers.rl import (
+    RewardScores,
+    RewardSet,
+    frozen_reference,
+    reward_evaluator,
+    step_completions,
+)
 from trainers.rl_losses import ppo_loss_terms
 from trainers.rollout import (
     RLPrompt,
     forward_completion,
     generate_rollout,
     reference_logps,
+    rollout_seed,
     token_logps,
     tokenize_rl_rows,
     trim_left_padding,
@@ -215,7 +223,7 @@ class PPORollouts:
     @torch.no_grad()
     def _new_rollout(self, model: torch.nn.Module, prompts: list[RLPrompt]) -> None:
         c = self.config
-        seed = int(torch.randint(0, 2**62, (1,)).item())  # from the loop's RNG: resumes draw the same
+        seed = rollout_seed()
         r = generate_rollout(
             model,
             self.tokenizer,
@@ -232,27 +240,37 @@ class PPORollouts:
         args = (r.prompt_ids, r.prompt_mask, r.completion_ids, completion_mask)
         logps, _, values = policy_and_values(model, self.value_head, *args, temperature=c.temperature)
         ref = reference_logps(model, self.reference, *args, temperature=c.temperature) if c.kl_coef else logps
-        scores = torch.nan_to_num(scored.total, nan=0.0)
-        if c.missing_eos_penalty is not None:
-            scores = scores - c.missing_eos_penalty * r.truncated.float().cpu()
+        scores = self._scores(scored, r.truncated)
         mask = completion_mask.float()  # unscored rows are all 0: gae zeroes their rewards too
         rewards, kl = per_token_rewards(scores.to(logps.device), logps, ref, mask, kl_coef=c.kl_coef)
         advantages, returns = gae(rewards, values, mask, gamma=c.gamma, lam=c.lam)
-        if c.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+        if c.whiten_advantages:  # over the step's tokens on every rank
+            advantages = masked_whiten(advantages, mask, across=dist.sum_tensor)
         self.rollout = PPOBatch(*args, logps, values * mask, advantages, returns)
         generator = torch.Generator().manual_seed(seed)
         self.order = torch.stack(
             [torch.randperm(len(prompts), generator=generator) for _ in range(c.num_ppo_epochs)]
         )
-        n_scored = scored.scored.to(mask.device)
+        # the step's metrics, over every rank's completions
+        step = step_completions(scored, r, kl.sum(dim=1).cpu())
+        has_score = step.scores.scored
+        step_scores, step_kl = self._scores(step.scores, step.truncated), step.extra[0]
+        returns_sum, tokens = dist.sum_floats([float((returns * mask).sum()), float(mask.sum())], mask.device)
         self.metrics = {
-            "score": float(scores[scored.scored].mean()) if bool(scored.scored.any()) else math.nan,
-            "kl": float(kl.sum(dim=1)[n_scored].mean()) if bool(n_scored.any()) else math.nan,
-            "returns": float((returns * mask).sum() / mask.sum().clamp(min=1.0)),
-            **completion_metrics(r.completion_mask, r.truncated),
-            **scored.metrics(),
+            "score": float(step_scores[has_score].mean()) if bool(has_score.any()) else math.nan,
+            "kl": float(step_kl[has_score].mean()) if bool(has_score.any()) else math.nan,
+            "returns": returns_sum / max(1.0, tokens),
+            **step.completion_metrics(),
+            **step.scores.metrics(),
         }
+
+    def _scores(self, scored: RewardScores, truncated: torch.Tensor) -> torch.Tensor:
+        """The score paid at the last token: the rewards (0 where none scored), less
+        ``missing_eos_penalty`` without EOS."""
+        scores = torch.nan_to_num(scored.total, nan=0.0)
+        if self.config.missing_eos_penalty is not None:
+            scores = scores - self.config.missing_eos_penalty * truncated.float().cpu()
+        return scores
 
     def prepare(
         self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]], repeat: int

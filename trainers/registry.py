@@ -176,12 +176,6 @@ class Method:
     # valid_* keys beyond valid_loss (every loss metric, prefixed); grader methods: RL_EVAL_METRICS, no loss
     eval_metrics: tuple[str, ...] = ()
 
-    @property
-    def data_parallel(self) -> bool:
-        """Whether a job of this method may train on several ranks (GPUs). The online methods (a grader
-        scores their rollouts) generate on one rank for now: trainers/loop.py refuses more."""
-        return not self.grader
-
     def hyperparameter(self, name: str) -> Hyperparameter:
         for p in self.hyperparameters:
             if p.name == name:

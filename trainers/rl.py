@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers import distributed as dist
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig, TrainingConfig
 from trainers.entry import Rows, begin_training
@@ -43,6 +44,7 @@ from trainers.modeling import load_model, pick_device
 from trainers.rewards import RewardFunc, reward_name
 from trainers.rollout import (
     RLPrompt,
+    Rollout,
     generate_rollout,
     load_frozen_reference,
     rollout_only,
@@ -54,9 +56,11 @@ BatchT = TypeVar("BatchT", bound=Batch)
 __all__ = [
     "RewardScores",
     "RewardSet",
+    "StepCompletions",
     "completion_metrics",
     "frozen_reference",
     "reward_evaluator",
+    "step_completions",
     "train_on_rollouts",
     "validation_metrics",
 ]
@@ -194,20 +198,49 @@ def reward_evaluator(
     return evaluate
 
 
-def completion_metrics(completion_mask: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
-    """Lengths of a rollout's completions ([N, C] mask) and the fraction without EOS ([N] bool).
+def completion_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """Lengths of a rollout's completions ([N] tokens) and the fraction without EOS ([N] bool).
 
-    >>> m = completion_metrics(torch.tensor([[1, 1, 0], [1, 1, 1]]), torch.tensor([False, True]))
+    >>> m = completion_metrics(torch.tensor([2, 3]), torch.tensor([False, True]))
     >>> m["completions/mean_length"], m["completions/clipped_ratio"]
     (2.5, 0.5)
     """
-    lengths = completion_mask.sum(dim=1).float()
+    lengths = lengths.float()
     return {
         "completions/mean_length": float(lengths.mean()),
         "completions/min_length": float(lengths.min()),
         "completions/max_length": float(lengths.max()),
         "completions/clipped_ratio": float(truncated.float().mean()),
     }
+
+
+@dataclass(frozen=True)
+class StepCompletions:
+    """The step's completions on every rank (on one process, its rollout's), for what is taken over the
+    whole step: batch-wide advantage statistics and the step's metrics (trainers/distributed.py).
+
+    ``scores``, ``lengths`` [N] and ``truncated`` [N] of every completion, ``extra``: the per-completion
+    tensors the method asked for, gathered the same way, and ``mine``: this rank's rows among them.
+    """
+
+    scores: RewardScores
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    extra: tuple[torch.Tensor, ...]
+    mine: slice
+
+    def completion_metrics(self) -> dict[str, float]:
+        return completion_metrics(self.lengths, self.truncated)
+
+
+def step_completions(scores: RewardScores, rollout: Rollout, *extra: torch.Tensor) -> StepCompletions:
+    """Gather a rank's scored rollout (and ``extra`` tensors, one row per completion) with every other
+    rank's, in one collective; nothing to gather on one process."""
+    local = (scores.per_func, scores.total, rollout.completion_lengths, rollout.truncated, *extra)
+    (per_func, total, lengths, truncated, *gathered), mine = dist.gather_rows(*local)
+    return StepCompletions(
+        RewardScores(per_func, total, scores.names), lengths, truncated, tuple(gathered), mine
+    )
 
 
 def frozen_reference(config: TrainingConfig, device: torch.device, *, kl: bool) -> torch.nn.Module | None:

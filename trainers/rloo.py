@@ -30,13 +30,14 @@ from typing import ClassVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers import distributed as dist
 from trainers.advantages import group_reward_metrics, rloo_advantages, sequence_kl
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows
 from trainers.grpo import GRPOBatch
 from trainers.loop import LossSums, PreparedStep
-from trainers.rl import RewardSet, completion_metrics, train_on_rollouts
+from trainers.rl import RewardSet, step_completions, train_on_rollouts
 from trainers.rl_losses import rloo_loss_terms
 from trainers.rollout import (
     ReusedRollout,
@@ -45,6 +46,7 @@ from trainers.rollout import (
     generate_rollout,
     micro_batch_spans,
     reference_logps,
+    rollout_seed,
 )
 
 
@@ -129,7 +131,7 @@ class RLOORollouts(ReusedRollout[GRPOBatch]):
 
     def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[GRPOBatch]:
         c, k = self.config, self.config.num_generations
-        seed = int(torch.randint(0, 2**62, (1,)).item())  # from the loop's RNG: resumes draw the same
+        seed = rollout_seed()
         rollout = generate_rollout(
             model,
             self.tokenizer,
@@ -156,10 +158,14 @@ class RLOORollouts(ReusedRollout[GRPOBatch]):
                 kls.append(sequence_kl(old, ref, loss_mask[rows, : part.width]).cpu())
             parts.append(part)
             olds.append(old if c.num_iterations > 1 else None)
-        kl = torch.cat(kls) if kls else None
-        advantages = rloo_advantages(scores.total, k, kl=kl, beta=c.beta, normalize=c.normalize_advantages)
+        # every rank's completions: the normalisation and the metrics are the step's
+        step = step_completions(scores, rollout, *([torch.cat(kls)] if kls else []))
+        kl = step.extra[0] if kls else None
+        advantages = rloo_advantages(
+            step.scores.total, k, kl=kl, beta=c.beta, normalize=c.normalize_advantages
+        )[step.mine]
         device = rollout.completion_ids.device
-        step_tokens = max(1, int(loss_mask.sum()))
+        step_tokens = max(1.0, dist.sum_floats([float(loss_mask.sum())], device)[0])
         batches = [
             GRPOBatch(
                 prompt_ids=part.prompt_ids,
@@ -170,14 +176,14 @@ class RLOORollouts(ReusedRollout[GRPOBatch]):
                 old_logps=old,
                 ref_logps=None,
                 loss_units=rows.stop - rows.start,
-                metric_scale=len(rollout.completions) / step_tokens,
+                metric_scale=len(step.lengths) / step_tokens,
             )
             for rows, part, old in zip(spans, parts, olds, strict=True)
         ]
         metrics = {
-            **group_reward_metrics(scores.total, k),
-            **completion_metrics(rollout.completion_mask, rollout.truncated),
-            **scores.metrics(),
+            **group_reward_metrics(step.scores.total, k),
+            **step.completion_metrics(),
+            **step.scores.metrics(),
         }
         if kl is not None:
             metrics["kl"] = float(kl.sum()) / step_tokens

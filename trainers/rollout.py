@@ -27,6 +27,7 @@ from jinja2 import TemplateError
 from peft import PeftModel
 from transformers import PreTrainedTokenizerBase
 
+from trainers import distributed as dist
 from trainers.data import _bos_text
 from trainers.errors import DataError
 from trainers.loop import PreparedStep
@@ -164,6 +165,12 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_id: int) -> tuple
     positions = torch.arange(completion_ids.size(1), device=completion_ids.device)
     mask = (positions.unsqueeze(0) <= first.unsqueeze(1)).long()
     return mask, ~has_eos
+
+
+def rollout_seed() -> int:
+    """The seed of a step's sampling: drawn from the loop's RNG, so a resumed run draws the same
+    completions, plus the rank, so that ranks (which share the loop's RNG) sample differently."""
+    return int(torch.randint(0, 2**62, (1,)).item()) + dist.rank()
 
 
 @torch.no_grad()

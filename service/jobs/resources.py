@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import NotImplementedYet
-from trainers.registry import Method as MethodDeclaration
 
 # one job runs on one worker host: 64 is more GPUs than any host has
 MAX_GPUS = 64
@@ -32,20 +31,13 @@ class Resources(BaseModel):
 ONE_GPU = Resources()
 
 
-def check_resources(resources: Resources, method: MethodDeclaration) -> None:
+def check_resources(resources: Resources) -> None:
     """Refuse, with the parameter named, what the trainers cannot run yet (501, not a failed job later)."""
     if resources.strategy == "fsdp":
         raise NotImplementedYet(
             "resources.strategy 'fsdp' is not implemented yet: sharded training needs a GPU machine to "
             "build and test on; use 'ddp' (each GPU holds the whole model)",
             param="resources.strategy",
-            code="not_implemented",
-        )
-    if resources.gpus > 1 and not method.data_parallel:
-        raise NotImplementedYet(
-            f"resources.gpus={resources.gpus}: method '{method.name}' generates its rollouts on one GPU "
-            "for now; give it resources.gpus=1",
-            param="resources.gpus",
             code="not_implemented",
         )
 

@@ -10,6 +10,7 @@ runs a `resources.gpus: 2` job as 2 gloo ranks launched by torch.distributed.run
   and resumes from its latest checkpoint on a fresh pair of ranks.
 - Pause, resume and cancel reach both ranks: they stop at the same step, a paused job resumes on a fresh
   pair of ranks from its checkpoint, and no rank outlives a cancelled job.
+- A 2-rank GRPO job covers the prompts of the 1-rank job with the same global batch, step by step.
 - A job that asks for more GPUs than any live worker has stays queued, with the reason in its events.
 
 The worker's "GPUs" are CPU processes here (no GPU in CI); on a GPU host the same path runs NCCL.
@@ -145,6 +146,41 @@ def test_two_rank_dpo_job_matches_one_rank_job(two_gpu_stack: httpx.Client) -> N
     assert len(curve_two) == 3  # 5 micro-batches of 2, 2 a step: the last step has one, on rank 0
     dpo = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
     _assert_same_curve(curve_two, curve_one, (*CURVE[:3], *dpo))
+
+
+def test_two_rank_grpo_job_covers_the_one_rank_steps(two_gpu_stack: httpx.Client) -> None:
+    """An online method on 2 ranks: each samples and trains its share of a step's prompts. Sampling
+    differs from 1 rank's, so the curves are not compared (tests/trainers/test_distributed.py trains the
+    online methods on 2 ranks with a signal); the grader here scores the prompt alone, so its step mean
+    shows that a step covers the same prompts, over both ranks' completions."""
+    client = two_gpu_stack
+    prompts = [{"prompt": f"Question {i}:", "value": "yes" if i % 3 else "no"} for i in range(8)]
+    train = upload_ok(client, prompts)
+    grader = {
+        "type": "string_check",
+        "name": "v",
+        "operation": "eq",
+        "input": "{{item.value}}",
+        "reference": "yes",
+    }
+    hp = {"n_epochs": 1, "batch_size": 2, "num_generations": 2, "max_completion_length": 4}
+
+    def grpo(accumulation: int) -> dict[str, Any]:
+        hyperparameters = {**hp, "gradient_accumulation_steps": accumulation}
+        return {"type": "grpo", "grpo": {"grader": grader, "hyperparameters": hyperparameters}}
+
+    two = _create(client, {"training_file": train, "method": grpo(1), "resources": {"gpus": 2}})
+    one = _create(client, {"training_file": train, "method": grpo(2)})
+    done_two, done_one = wait_for(client, two["id"]), wait_for(client, one["id"])
+    assert done_two["status"] == "succeeded", done_two
+    assert done_one["status"] == "succeeded", done_one
+    events = [e["message"] for e in all_pages(client, f"/v1/fine_tuning/jobs/{two['id']}/events")]
+    assert any(m.startswith("Job started on worker") and ", 2 ranks" in m for m in events), events
+    curve_two, curve_one = _steps(client, two["id"]), _steps(client, one["id"])
+    assert len(curve_two) == len(curve_one) == 2  # 4 micro-batches of 2 prompts, 2 a step
+    for a, b in zip(curve_two, curve_one, strict=True):
+        assert a["rewards/v/mean"] == pytest.approx(b["rewards/v/mean"], abs=1e-6)
+    assert _checkpoint_steps(client, two["id"]) == _checkpoint_steps(client, one["id"])
 
 
 EPOCHS = 30

@@ -4,8 +4,9 @@
 
 SPEC (JSON): ``method`` (a registry name), ``config`` (the config's fields), ``rows`` / ``valid_rows``
 (JSONL paths), ``out`` (each rank writes ``{out}.rank{R}.json``: its recorded rows, checkpoints and
-result), and optionally ``kill`` = {"rank": R, "after_checkpoint": STEP}: that rank SIGKILLs itself once
-the checkpoint of STEP is on disk, as an OOM kill would.
+result), ``graders`` (an online method's reward functions, as grader specs), and optionally ``kill`` =
+{"rank": R, "after_checkpoint": STEP}: that rank SIGKILLs itself once the checkpoint of STEP is on disk,
+as an OOM kill would.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from tests.trainers.helpers import Recorder
 from trainers import distributed as dist
 from trainers.checkpoint import checkpoint_dir
 from trainers.registry import METHODS, resolve
+from trainers.rewards import build_grader
+from trainers.rl import RewardSet
 
 
 def _rows(path: str | None) -> list[dict[str, Any]] | None:
@@ -51,7 +54,9 @@ def main(spec_path: str) -> None:
         _kill_after(checkpoint_dir(config.output_dir, kill["after_checkpoint"]))
     rec = Recorder()
     train = resolve(method.trainer)
-    result = train(config, _rows(spec["rows"]), _rows(spec.get("valid_rows")), rec)
+    graders = spec.get("graders")
+    rewards = {"rewards": RewardSet.of([build_grader(g) for g in graders])} if graders else {}
+    result = train(config, _rows(spec["rows"]), _rows(spec.get("valid_rows")), rec, **rewards)
     out = {
         "rank": rank,
         "world_size": dist.world_size(),

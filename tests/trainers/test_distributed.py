@@ -11,6 +11,7 @@ batch or a wrong denominator moves the loss by >1e-2).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -185,3 +186,136 @@ def test_two_rank_preference_methods_match_one_process(
     assert set(main["steps"][0]) - {"step", "tokens_per_second"} == measured
     assert_same_curve(main["steps"], reference.steps, tuple(sorted(measured)))
     assert main["checkpoints"] == [[steps, True]]
+
+
+def test_step_statistics_are_taken_over_every_rank(tmp_path: Path) -> None:
+    """Ranks holding unequal shares of a batch get one process's batch-wide reward scale, advantage
+    whitening and sums (a rank's own share's would differ: the shares have different statistics)."""
+    import torch
+
+    from tests.trainers.dist_stats_entry import ROWS, share
+    from trainers.advantages import group_advantages, masked_whiten
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += ["--max-restarts=0", "-m", "tests.trainers.dist_stats_entry", str(tmp_path / "stats")]
+    done = subprocess.run(cmd, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    ranks = [torch.load(tmp_path / f"stats.rank{r}.pt") for r in range(2)]
+
+    shares = [share(r) for r in range(2)]
+    rewards = torch.cat([s[0] for s in shares])
+    width = max(s[1].size(1) for s in shares)  # one process pads the whole batch to one width
+    padded = [torch.nn.functional.pad(t, (0, width - t.size(1))) for s in shares for t in s[1:]]
+    advantages, mask = torch.cat(padded[0::2]), torch.cat(padded[1::2])
+    batch_scaled = group_advantages(rewards, 2, "batch")
+    whitened = masked_whiten(advantages, mask)
+    starts = [0, ROWS[0]]
+    for r, got in enumerate(ranks):
+        rows = slice(starts[r], starts[r] + ROWS[r])
+        assert got["mine"] == (rows.start, rows.stop)
+        assert torch.equal(got["gathered"].nan_to_num(-9), rewards.nan_to_num(-9))
+        assert torch.allclose(got["batch_scaled"], batch_scaled[rows], atol=1e-6)
+        assert not torch.allclose(got["batch_scaled"], group_advantages(shares[r][0], 2, "batch"))
+        own_width = shares[r][1].size(1)
+        assert torch.allclose(got["whitened"], whitened[rows, :own_width], atol=1e-5)
+        assert torch.allclose(got["summed"], mask.sum())
+
+
+# 10 prompts, 2 a micro-batch: 5 micro-batches an epoch, 2 a step (2 ranks, or 2 accumulated in one
+# process): the last step has one, on rank 0, and rank 1 samples the epoch's first micro-batch instead.
+# Reward "v" depends on the prompt only: its step mean is the same however the completions came out, so
+# it shows which prompts a step covered. Reward "e" depends on the completion: it gives the run a signal.
+ONLINE_ROWS = [{"prompt": f"Question {i}:", "value": "yes" if i % 3 else "no"} for i in range(10)]
+ONLINE_GRADERS = [
+    {"type": "string_check", "name": "v", "operation": "eq", "input": "{{item.value}}", "reference": "yes"},
+    {
+        "type": "string_check",
+        "name": "e",
+        "operation": "like",
+        "input": "{{sample.output_text}}",
+        "reference": "e",
+    },
+]
+ONLINE_RUNS: dict[str, dict[str, Any]] = {
+    "grpo": {"num_generations": 2, "scale_rewards": "batch", "beta": 0.1},
+    "ppo": {"num_ppo_epochs": 1, "num_mini_batches": 1, "whiten_advantages": True},
+    "rloo": {"num_generations": 2, "normalize_advantages": True},
+    "online_dpo": {},
+}
+
+
+def _online_base(tiny_model_path: Path, method: str) -> dict[str, Any]:
+    return {
+        "model_path": str(tiny_model_path),
+        "batch_size": 2,
+        "n_epochs": 1,
+        "max_completion_length": 4,
+        "learning_rate": 1e-3,
+        "seed": 3,
+        "save_steps": 0,
+        **ONLINE_RUNS[method],
+    }
+
+
+@pytest.mark.parametrize("method", sorted(ONLINE_RUNS))
+def test_two_rank_online_methods_cover_the_one_process_steps(
+    method: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Each rank samples and trains its share of a step's prompts; the step's metrics are over both
+    ranks' completions. Sampling differs from one process's (each rank draws its own), so the loss is
+    not compared: the prompt-only reward's mean shows that a step covers the same prompts."""
+    from trainers.rewards import build_grader
+    from trainers.rl import RewardSet
+
+    base = _online_base(tiny_model_path, method)
+    rewards = RewardSet.of([build_grader(g) for g in ONLINE_GRADERS])
+    reference = Recorder()
+    m = METHODS[method]
+    one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
+    resolve(m.trainer)(resolve(m.config)(**one), ONLINE_ROWS, None, reference, rewards=rewards)
+    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
+    config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
+    done, reports = launch(tmp_path, ranks=2, method=method, config=config, rows=rows, graders=ONLINE_GRADERS)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    main, other = reports
+    assert len(main["steps"]) == len(reference.steps) == 3
+    assert set(main["steps"][0]) == set(reference.steps[0])
+    # steps 1 and 2 hold the same 4 prompts on 2 ranks as in one process
+    for ours, theirs in zip(main["steps"][:2], reference.steps[:2], strict=True):
+        assert ours["rewards/v/mean"] == pytest.approx(theirs["rewards/v/mean"], abs=1e-6)
+    # the last step: rank 0's micro-batch 4 and, on rank 1, micro-batch 0 again; one process: 4 alone
+    assert main["steps"][2]["rewards/v/mean"] != pytest.approx(reference.steps[2]["rewards/v/mean"])
+    assert all(math.isfinite(row["loss"]) for row in main["steps"])
+    assert (other["steps"], other["checkpoints"]) == ([], [])
+    assert main["checkpoints"] == [[3, True]]
+
+
+def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(tiny_model_path: Path, tmp_path: Path) -> None:
+    """A checkpoint taken between the optimizer steps of one rollout holds each rank's share of it:
+    2 ranks resumed from it repeat the uninterrupted 2-rank run's steps exactly."""
+    base = {
+        **_online_base(tiny_model_path, "ppo"),
+        "num_ppo_epochs": 2,  # 2 optimizer steps per rollout
+        "gradient_accumulation_steps": 1,
+        "save_steps": 1,
+        "keep_checkpoints": 10,
+    }
+    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    config = {**base, "output_dir": str(whole / "out")}
+    done, reports = launch(whole, ranks=2, method="ppo", config=config, rows=rows, graders=ONLINE_GRADERS)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    uninterrupted = reports[0]["steps"]
+    assert len(uninterrupted) == 6
+
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    ckpt = whole / "out" / "checkpoint-000003"  # after the first of the second rollout's 2 steps
+    again = {**base, "output_dir": str(resumed_dir / "out"), "resume_from": str(ckpt)}
+    done, reports = launch(
+        resumed_dir, ranks=2, method="ppo", config=again, rows=rows, graders=ONLINE_GRADERS
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    keys = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
+    assert_same_curve(reports[0]["steps"], uninterrupted[3:], keys)

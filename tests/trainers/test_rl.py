@@ -71,7 +71,7 @@ def test_reward_set_checks_its_functions() -> None:
 
 
 def test_completion_metrics() -> None:
-    m = completion_metrics(torch.tensor([[1, 1, 0], [1, 0, 0]]), torch.tensor([False, False]))
+    m = completion_metrics(torch.tensor([2, 1]), torch.tensor([False, False]))
     assert (m["completions/min_length"], m["completions/max_length"], m["completions/clipped_ratio"]) == (
         1,
         2,
