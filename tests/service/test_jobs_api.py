@@ -425,8 +425,7 @@ def _sft(hp: dict[str, Any]) -> dict[str, Any]:
     [
         ("supervised", {"strategy": "fsdp"}, "resources.strategy"),
         ("supervised", {"gpus": 2, "strategy": "fsdp"}, "resources.strategy"),
-        ("grpo", {"gpus": 2}, "resources.gpus"),
-        ("ppo", {"gpus": 2}, "resources.gpus"),
+        ("grpo", {"gpus": 2, "strategy": "fsdp"}, "resources.strategy"),
     ],
 )
 def test_what_the_trainers_cannot_run_yet_is_a_501_naming_the_field(
@@ -438,6 +437,6 @@ def test_what_the_trainers_cannot_run_yet_is_a_501_naming_the_field(
     error = _error(_create(client, model=MODEL, training_file=prompts, method=body, resources=resources), 501)
     assert (error["param"], error["code"]) == (param, "not_implemented"), error
     assert stored_counts(tenant_of(api_key)) == before  # nothing half-stored
-    # the same method on one GPU with DDP is accepted
-    ok = _create(client, model=MODEL, training_file=prompts, method=body, resources={"gpus": 1})
+    # the same method with DDP is accepted, on several GPUs too
+    ok = _create(client, model=MODEL, training_file=prompts, method=body, resources={"gpus": 2})
     assert ok.status_code == 200, ok.text

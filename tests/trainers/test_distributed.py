@@ -162,7 +162,11 @@ def test_two_rank_preference_methods_match_one_process(
     method: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     """Every step metric (the method's own included) as the 1-process run with the same global batch."""
-    assert {m for m, d in METHODS.items() if d.data_parallel} == {"supervised", *PAIR_METHODS}
+    # every offline method is here: with SFT, the rest are online (their own test below; "reinforcement"
+    # is GRPO under OpenAI's name)
+    offline = {m for m, d in METHODS.items() if not d.grader}
+    assert offline == {"supervised", *PAIR_METHODS}
+    assert set(METHODS) == offline | set(ONLINE_RUNS) | {"reinforcement"}
     pairs = separable_rows(10)  # 5 micro-batches of 2: the last step has one, on rank 0
     base = {
         "model_path": str(tiny_model_path),
