@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,10 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     scaler: torch.amp.GradScaler | None = None,
     task_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> CheckpointInfo:
-    """Write a checkpoint; training state is written when ``optimizer`` is given.
+    """Write a checkpoint; training state is written when ``optimizer`` is given (its state is
+    ``optimizer_state`` when given: a sharded optimizer's, gathered whole, ``trainers.sharding``).
 
     A final checkpoint of a LoRA model merges the adapter into the base weights in place: the model
     cannot be trained further afterwards.
@@ -92,7 +95,8 @@ def save_checkpoint(
         if optimizer is not None:
             state_dir = tmp / STATE_DIR
             state_dir.mkdir()
-            torch.save(optimizer.state_dict(), state_dir / "optimizer.pt")
+            full = optimizer_state if optimizer_state is not None else optimizer.state_dict()
+            torch.save(full, state_dir / "optimizer.pt")
             if scheduler is not None:
                 torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
             if scaler is not None:
@@ -191,11 +195,14 @@ def restore_training_state(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    reshard: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> LoopState:
-    """Load optimizer, scheduler, scaler and RNG states in place; return the loop state."""
+    """Load optimizer, scheduler, scaler and RNG states in place; return the loop state. ``reshard``
+    cuts the saved (whole) optimizer state to a sharded optimizer's (``trainers.sharding``)."""
     state = load_loop_state(ckpt)
     state_dir = Path(ckpt) / STATE_DIR
-    optimizer.load_state_dict(_load(state_dir / "optimizer.pt"))
+    optimizer_state = _load(state_dir / "optimizer.pt")
+    optimizer.load_state_dict(reshard(optimizer_state) if reshard is not None else optimizer_state)
     if scheduler is not None:
         scheduler.load_state_dict(_load(state_dir / "scheduler.pt"))
     if scaler is not None and (state_dir / "scaler.pt").is_file():

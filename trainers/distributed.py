@@ -29,8 +29,10 @@ Strategies:
   leave a rank with no micro-batch (and the methods' loss functions call model methods the wrapper
   hides, e.g. peft's ``disable_adapter`` for the DPO reference). Weights and optimizer state stay equal
   on every rank, so rank 0's checkpoint is the whole state and resumes on any number of ranks.
-- ``fsdp``: accepted by the spec and launched the same way; the sharded path needs a GPU machine and
-  is refused with a clear error until it is built (see README, "Multi-GPU jobs").
+- ``fsdp``: each rank holds a shard of the weights, gradients and optimizer state (torch's
+  ``fully_shard``), for models whose training state does not fit one device: ``trainers.sharding``.
+  The offline methods run on it; the online methods are refused with it (their sampling runs a
+  different number of forwards on each rank).
 
 Only rank 0 reports (metrics, events, checkpoints); the stop decision (cancel, pause) is rank 0's and is
 broadcast to every rank each step. A rank that dies makes the others fail in their next collective
@@ -55,6 +57,14 @@ STRATEGIES = ("ddp", "fsdp")
 class CollectiveError(RuntimeError):
     """A collective failed or timed out: another rank died or hung. The run cannot go on; the caller
     exits without recording an outcome, so the job restarts from its latest checkpoint."""
+
+
+_strategy = "ddp"
+
+
+def strategy() -> str:
+    """How the ranks share the model: ``ddp`` (each holds it whole) or ``fsdp`` (``trainers.sharding``)."""
+    return _strategy
 
 
 def world_size() -> int:
@@ -85,11 +95,8 @@ def init_from_env(*, timeout_seconds: float, strategy: str = "ddp") -> None:
     """Join the process group the launcher set up (no-op for a single process or if already joined)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
-    if strategy == "fsdp":
-        raise NotImplementedError(
-            "resources.strategy 'fsdp' is not implemented yet: sharded training needs a GPU machine to "
-            "build and test on; use 'ddp'"
-        )
+    global _strategy
+    _strategy = strategy
     if launched_ranks() <= 1 or dist.is_initialized():
         return
     device = local_device()

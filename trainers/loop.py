@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 import numpy as np
@@ -36,6 +37,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers import distributed as dist
+from trainers import sharding
 from trainers.callbacks import CheckpointInfo, NullCallbacks, StopRequest, TrainingCallbacks, TrainResult
 from trainers.checkpoint import (
     LoopState,
@@ -194,6 +196,11 @@ class _Loop(Generic[E, B]):
         self.cb: TrainingCallbacks = callbacks if self.rank == 0 else NullCallbacks()
         self.model = task.model
         self.device = next(self.model.parameters()).device
+        self.sharded = self.world > 1 and dist.strategy() == "fsdp"
+        if self.sharded:
+            if task.preparer is not None or task.extra_trainable is not None:
+                raise NotImplementedError("the online methods do not run sharded (fsdp) yet; use ddp")
+            sharding.shard_model(self.model, self.device)  # before the optimizer sees the parameters
         self.compute_dtype = autocast_dtype(settings.mixed_precision, self.device)
         n = len(task.train_data)
         self.micro_per_epoch = math.ceil(n / settings.batch_size)
@@ -238,9 +245,20 @@ class _Loop(Generic[E, B]):
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
+        result = self._run()
+        # the ranks leave together: rank 0 is still writing the final checkpoint when the others are
+        # done, and a rank that tears its process group down under a working peer can abort (gloo)
+        dist.barrier()
+        return result
+
+    def _run(self) -> TrainResult:
         if self.s.resume_from:
             self.state = restore_training_state(
-                self.s.resume_from, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler
+                self.s.resume_from,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                scaler=self.scaler,
+                reshard=partial(sharding.shard_optimizer_state, self.optimizer) if self.sharded else None,
             )
             self.state.total_steps = self.total_steps
             if len(self.state.permutation) != len(self.task.train_data):
@@ -248,8 +266,10 @@ class _Loop(Generic[E, B]):
             self._load_task_state(load_task_state(self.s.resume_from))
         else:
             self.state.permutation = epoch_permutation(self.s.seed, 0, len(self.task.train_data))
-        # same seed, same weights on every rank; broadcasting rank 0's makes sure, as DDP does
-        dist.broadcast_parameters(self.params)
+        # same seed, same weights on every rank; broadcasting rank 0's makes sure, as DDP does (FSDP
+        # cut each rank's shard from the same whole weights)
+        if not self.sharded:
+            dist.broadcast_parameters(self.params)
         self.cb.on_train_begin(total_steps=self.total_steps, n_epochs=self.s.n_epochs)
         self.saved_at = clock()
         self.model.train()
@@ -287,10 +307,14 @@ class _Loop(Generic[E, B]):
         last = min(first + self.group, self.micro_per_epoch)
         start = time.perf_counter()
         step_metrics: dict[str, float] = {}
+        stand_ins: list[B] = []
         # this rank's share of the step's micro-batches: every world-th one
         mine = list(range(first + self.rank, last, self.world))
         if self.task.preparer is None:
             batches = [self._micro_batch(st.permutation, i) for i in mine]
+            if self.sharded:  # every forward gathers weights: every rank runs as many (stand-ins: 0)
+                most = len(range(first, last, self.world))
+                stand_ins = [self._micro_batch(st.permutation, first)] * (most - len(batches))
         else:
             # a rank left without prompts at an epoch's end samples some from its start instead (as
             # accelerate's even_batches): the step's statistics gather every rank's rollout
@@ -304,13 +328,16 @@ class _Loop(Generic[E, B]):
         denominator = max(1, round(dist.sum_floats([local_units], self.device)[0]))
         # summed on the device and read once per step: no host sync per micro-batch
         loss_total, metric_sums = torch.zeros((), device=self.device), _MetricSums()
+        scale = float(self.world) if self.sharded else 1.0  # FSDP averages gradients; the loop sums
         for batch in batches:
             out = self._forward(batch.to(self.device))
-            scaled = out.loss / denominator
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()  # type: ignore[no-untyped-call]
+            self._backward(out.loss * (scale / denominator))
             loss_total += out.loss.detach().float()
             metric_sums.add(out)
-        dist.sum_gradients(self.params)
+        for batch in stand_ins:
+            self._backward(self._forward(batch.to(self.device)).loss * 0.0)
+        if not self.sharded:  # FSDP's backward reduce-scatters the gradients itself
+            dist.sum_gradients(self.params)
         local_tokens = sum(b.n_tokens for b in batches)
         loss_sum, n_tokens = metric_sums.reduce([float(loss_total), local_tokens], self.device)
         if self.scaler:
@@ -370,6 +397,9 @@ class _Loop(Generic[E, B]):
         group = min(self.s.gradient_accumulation_steps, self.micro_per_epoch - st.batch_index)
         return st.epoch + (st.batch_index + group * st.repeat / self.repeats) / self.micro_per_epoch
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()  # type: ignore[no-untyped-call]
+
     def _autocast(self) -> torch.autocast | nullcontext[None]:
         dtype = self.compute_dtype
         return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else nullcontext()
@@ -404,7 +434,8 @@ class _Loop(Generic[E, B]):
         data = self.task.valid_data or []
         self.model.eval()
         loss_sum, units, metric_sums = 0.0, 0, _MetricSums()
-        for index, batch in enumerate(_chunks(data, self.s.batch_size)):
+        chunks = list(_chunks(data, self.s.batch_size))
+        for index, batch in enumerate(chunks):
             if index % self.world != self.rank:  # each rank evaluates its share of the chunks
                 continue
             collated = self.task.collate(batch)
@@ -412,6 +443,12 @@ class _Loop(Generic[E, B]):
             loss_sum += float(out.loss.item())
             units += collated.loss_denominator
             metric_sums.add(out)
+        if (
+            self.sharded
+            and chunks
+            and len(range(self.rank, len(chunks), self.world)) < len(range(0, len(chunks), self.world))
+        ):  # a forward gathers weights: run as many as rank 0 does
+            self._forward(self.task.collate(chunks[0]).to(self.device))
         self.model.train()
         # every rank's sums (on other ranks the row goes to NullCallbacks)
         loss_sum, total_units = metric_sums.reduce([loss_sum, units], self.device)
@@ -438,12 +475,18 @@ class _Loop(Generic[E, B]):
             return self.last_ckpt
         self.saved = (self.state.step, final)
         task_state = None if final else self._task_state()  # a collective on several ranks
+        model, optimizer_state = self.model, None
+        if self.sharded:  # gather the whole weights and optimizer state (collectives) for rank 0
+            whole = sharding.full_model_state(self.model)
+            optimizer_state = None if final else sharding.full_optimizer_state(self.optimizer)
+            if self.rank == 0:
+                model = sharding.unsharded_copy(self.model, whole)
         if self.rank != 0:  # the weights are the same on every rank: rank 0 writes the one copy
             return None
         st = self.state
         ckpt = save_checkpoint(
             self.s.output_dir,
-            model=self.model,
+            model=model,
             tokenizer=self.task.tokenizer,
             state=st,
             epoch=self._epoch_progress(),
@@ -452,6 +495,7 @@ class _Loop(Generic[E, B]):
             scheduler=None if final else self.scheduler,
             scaler=None if final else self.scaler,
             task_state=task_state,
+            optimizer_state=optimizer_state,
         )
         self.last_ckpt = ckpt
         self.cb.on_checkpoint(ckpt)

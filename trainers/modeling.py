@@ -27,6 +27,7 @@ from trainers.checkpoint import MODEL_DIR
 from trainers.distributed import local_device
 from trainers.losses import linear_token_nll
 from trainers.registry import choices
+from trainers.sharding import is_sharded
 
 PRECISIONS = choices("supervised", "mixed_precision")
 
@@ -171,7 +172,10 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     """The causal LM's decoder (inputs → final hidden states) and its LM head, for the architectures
     whose logits are exactly ``hidden @ head.weight.T`` (``PLAIN_HEAD_MODELS``) with a bias-free head not
     adapted by LoRA. None otherwise (another architecture may scale or soft-cap its logits): the caller
-    then runs the whole model."""
+    then runs the whole model. None as well for a sharded model (FSDP): its head's weight is gathered
+    only inside the model's forward (``trainers.sharding``)."""
+    if is_sharded(model):
+        return None
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     if not isinstance(base, PreTrainedModel) or base.config.model_type not in PLAIN_HEAD_MODELS:
         return None

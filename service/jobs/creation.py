@@ -105,7 +105,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         )
     method = _method_of(spec)
     resources = spec.resources or ONE_GPU
-    check_resources(resources)
+    check_resources(resources, method.declaration)
     _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type

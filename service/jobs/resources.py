@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.errors import NotImplementedYet
+from trainers.registry import Method as MethodDeclaration
 
 # one job runs on one worker host: 64 is more GPUs than any host has
 MAX_GPUS = 64
@@ -24,19 +25,21 @@ class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
-    # ddp: each rank holds the whole model, gradients are summed; fsdp: sharded (not built yet)
+    # ddp: each rank holds the whole model, gradients are summed; fsdp: weights, gradients and optimizer
+    # state sharded over the ranks (trainers/sharding.py; the offline methods)
     strategy: Strategy = "ddp"
 
 
 ONE_GPU = Resources()
 
 
-def check_resources(resources: Resources) -> None:
+def check_resources(resources: Resources, method: MethodDeclaration) -> None:
     """Refuse, with the parameter named, what the trainers cannot run yet (501, not a failed job later)."""
-    if resources.strategy == "fsdp":
+    if resources.strategy == "fsdp" and method.grader:
         raise NotImplementedYet(
-            "resources.strategy 'fsdp' is not implemented yet: sharded training needs a GPU machine to "
-            "build and test on; use 'ddp' (each GPU holds the whole model)",
+            f"resources.strategy 'fsdp' is not implemented for method '{method.name}' yet: the online "
+            "methods sample a different number of tokens on each rank, which sharded weights cannot "
+            "follow; use 'ddp' (each GPU holds the whole model)",
             param="resources.strategy",
             code="not_implemented",
         )

@@ -4,9 +4,9 @@
 
 SPEC (JSON): ``method`` (a registry name), ``config`` (the config's fields), ``rows`` / ``valid_rows``
 (JSONL paths), ``out`` (each rank writes ``{out}.rank{R}.json``: its recorded rows, checkpoints and
-result), ``graders`` (an online method's reward functions, as grader specs), and optionally ``kill`` =
-{"rank": R, "after_checkpoint": STEP}: that rank SIGKILLs itself once the checkpoint of STEP is on disk,
-as an OOM kill would.
+result), ``graders`` (an online method's reward functions, as grader specs), ``strategy`` (``ddp`` or
+``fsdp``), and optionally ``kill`` = {"rank": R, "after_checkpoint": STEP}: that rank SIGKILLs itself
+once the checkpoint of STEP is on disk, as an OOM kill would.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _kill_after(path: Path) -> None:
 
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    dist.init_from_env(timeout_seconds=float(spec.get("timeout", 60)))
+    dist.init_from_env(timeout_seconds=float(spec.get("timeout", 60)), strategy=spec.get("strategy", "ddp"))
     rank = dist.rank()
     method = METHODS[spec["method"]]
     config = resolve(method.config)(**spec["config"])
