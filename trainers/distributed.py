@@ -31,8 +31,6 @@ Strategies:
   on every rank, so rank 0's checkpoint is the whole state and resumes on any number of ranks.
 - ``fsdp``: each rank holds a shard of the weights, gradients and optimizer state (torch's
   ``fully_shard``), for models whose training state does not fit one device: ``trainers.sharding``.
-  The offline methods run on it; the online methods are refused with it (their sampling runs a
-  different number of forwards on each rank).
 
 Only rank 0 reports (metrics, events, checkpoints); the stop decision (cancel, pause) is rank 0's and is
 broadcast to every rank each step. A rank that dies makes the others fail in their next collective

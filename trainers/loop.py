@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, Protocol, Self, TypeVar
@@ -197,10 +197,10 @@ class _Loop(Generic[E, B]):
         self.model = task.model
         self.device = next(self.model.parameters()).device
         self.sharded = self.world > 1 and dist.strategy() == "fsdp"
-        if self.sharded:
-            if task.preparer is not None or task.extra_trainable is not None:
-                raise NotImplementedError("the online methods do not run sharded (fsdp) yet; use ddp")
-            sharding.shard_model(self.model, self.device)  # before the optimizer sees the parameters
+        if self.sharded:  # before the optimizer sees the parameters
+            sharding.shard_model(self.model, self.device)
+            if task.extra_trainable is not None:
+                sharding.shard_model(task.extra_trainable, self.device)
         self.compute_dtype = autocast_dtype(settings.mixed_precision, self.device)
         n = len(task.train_data)
         self.micro_per_epoch = math.ceil(n / settings.batch_size)
@@ -320,9 +320,17 @@ class _Loop(Generic[E, B]):
             # accelerate's even_batches): the step's statistics gather every rank's rollout
             mine = mine or [(first + self.rank) % self.micro_per_epoch]
             examples: list[Sequence[E]] = [self._micro_examples(st.permutation, i) for i in mine]
-            with self._autocast():
+            with self._autocast(), self._gathered():
                 prepared = self.task.preparer.prepare(self.model, examples, st.repeat)
             batches, step_metrics = prepared.batches, prepared.metrics
+            if self.sharded:  # as many forwards as the rank with the most batches (stand-ins: 0)
+                most = max(n for n in dist.gather_objects(len(batches)) if isinstance(n, int))
+                if not batches:
+                    raise ValueError(
+                        "a rank got no batch of this step's rollout (fewer rows than mini-batches); "
+                        "FSDP needs one on every rank: use ddp, or more prompts per step"
+                    )
+                stand_ins = [batches[0]] * (most - len(batches))
         # the whole step's loss units, over all ranks: each rank's share of the mean
         local_units = sum(b.loss_denominator for b in batches)
         denominator = max(1, round(dist.sum_floats([local_units], self.device)[0]))
@@ -397,6 +405,13 @@ class _Loop(Generic[E, B]):
         group = min(self.s.gradient_accumulation_steps, self.micro_per_epoch - st.batch_index)
         return st.epoch + (st.batch_index + group * st.repeat / self.repeats) / self.micro_per_epoch
 
+    def _gathered(self) -> AbstractContextManager[None]:
+        """Whole weights for what runs a different number of forwards on each rank (sampling)."""
+        if not self.sharded:
+            return nullcontext()
+        modules = [self.model, *([self.task.extra_trainable] if self.task.extra_trainable else [])]
+        return sharding.gathered(modules)
+
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()  # type: ignore[no-untyped-call]
 
@@ -421,7 +436,7 @@ class _Loop(Generic[E, B]):
     @torch.no_grad()
     def _evaluate(self) -> None:
         if self.task.evaluate is not None:
-            with self._autocast():
+            with self._autocast(), self._gathered():
                 metrics = self.task.evaluate(self.model)
         else:
             metrics = self._validation_loss()
@@ -511,11 +526,14 @@ class _Loop(Generic[E, B]):
         if task.preparer is None and task.extra_trainable is None:
             return None
         preparers = dist.gather_objects(task.preparer.state_dict() if task.preparer is not None else {})
-        return {
-            "preparer": preparers[0],
-            "preparer_by_rank": preparers,
-            "extra_trainable": task.extra_trainable.state_dict() if task.extra_trainable is not None else {},
-        }
+        extra: dict[str, torch.Tensor] = {}
+        if task.extra_trainable is not None:  # whole, on rank 0, when sharded (a collective)
+            extra = (
+                sharding.full_model_state(task.extra_trainable)
+                if self.sharded
+                else task.extra_trainable.state_dict()
+            )
+        return {"preparer": preparers[0], "preparer_by_rank": preparers, "extra_trainable": extra}
 
     def _load_task_state(self, state: dict[str, Any] | None) -> None:
         task = self.task
@@ -529,7 +547,9 @@ class _Loop(Generic[E, B]):
             # own share back; on another number, the step samples a fresh rollout with the current policy
             if len(by_rank) == self.world:
                 task.preparer.load_state_dict(by_rank[self.rank])
-        if task.extra_trainable is not None:
+        if task.extra_trainable is not None and self.sharded:
+            sharding.load_full_state(task.extra_trainable, state["extra_trainable"])
+        elif task.extra_trainable is not None:
             task.extra_trainable.load_state_dict(state["extra_trainable"])
 
 

@@ -7,29 +7,34 @@ What changes against DDP (``trainers/distributed.py``), and why:
   of the model (embeddings, final norm, LM head; tied weights stay together) the root unit. A unit's
   weights are gathered for its forward and backward and freed after.
 - Every forward is a collective (the gather), so every rank runs the same number of forwards and
-  backwards in a step and in a validation pass: a rank with fewer micro-batches runs a stand-in one
+  backwards in a step and in a validation pass: a rank with fewer micro-batches runs stand-in ones
   whose loss counts zero (``trainers.loop``).
 - FSDP averages gradients over the ranks; the loop sums them (the step's loss is a sum over all ranks'
   units divided by their number), so under FSDP each rank's loss is multiplied by the world size
-  (``GRADIENT_SCALE``): the mean of W·g_r is Σ g_r, exactly, as W is a power of two or the sum is
-  rounded once either way.
+  (the mean of W·g_r is Σ g_r).
 - The chunked LM head (``modeling.decoder_and_head``) reads the head's weight outside a forward, where
   FSDP keeps it sharded: sharded models run the whole model instead.
+- The online methods sample inside ``gathered``: the weights whole for the rollout (``generate`` runs
+  one forward per token, a different number on each rank), sharded again for the optimizer steps. PPO's
+  value head is a unit of its own.
 - A checkpoint is the same as a DDP or one-process one: rank 0 writes the full weights
   (``full_model_state``) and the full optimizer state (``full_optimizer_state``), gathered from every
   rank; a resumed run on any number of ranks, sharded or not, reads it back (``shard_optimizer_state``).
-
-The online methods sample with ``generate``, one forward per token and a different number of tokens on
-each rank; they are refused with FSDP (501) until generation gathers the weights once per rollout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from peft import PeftModel
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from peft import PeftModel, get_peft_model
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -39,23 +44,56 @@ from trainers import distributed as dist
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    return _root(model) is not None
+
+
+def _root(model: torch.nn.Module) -> FSDPModule | None:
+    """The outermost FSDP unit of ``model`` (``modules()`` lists a module before its children)."""
+    return next((m for m in model.modules() if isinstance(m, FSDPModule)), None)
 
 
 def shard_model(model: torch.nn.Module, device: torch.device) -> None:
-    """Shard ``model`` in place over every rank: one FSDP unit per decoder layer, the root for the rest."""
+    """Shard ``model`` in place over every rank: one FSDP unit per decoder layer, the root for the rest.
+
+    The root is the Transformers model, inside a peft wrapper: ``generate`` calls its forward, not the
+    wrapper's, and FSDP takes the first unit that runs a forward for the root."""
     mesh = init_device_mesh(device.type, (dist.world_size(),))
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     layer_types = set(getattr(base, "_no_split_modules", None) or ())
-    for module in model.modules():
+    for module in base.modules():
         if type(module).__name__ in layer_types:
             fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    fully_shard(base, mesh=mesh)
 
 
-def gradient_scale(model: torch.nn.Module) -> float:
-    """What each rank's loss is multiplied by so that FSDP's averaged gradients are the ranks' sum."""
-    return float(dist.world_size()) if is_sharded(model) else 1.0
+@contextmanager
+def gathered(modules: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Within the block, every sharded unit of ``modules`` holds its whole weights and a forward gathers
+    nothing: for sampling (one forward per token, as many as this rank's completions need) and the
+    rest of a rollout, which run a different number of forwards on each rank. It costs the whole
+    model's memory while it lasts, as sampling with FSDP does elsewhere (TRL gathers the weights for
+    generation too); the weights are sharded again after it."""
+    units = [m for module in modules for m in module.modules() if isinstance(m, FSDPModule)]
+    roots = [root for module in modules if (root := _root(module)) is not None]
+    for root in roots:
+        root.set_reshard_after_forward(False)  # every unit under it
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for root in roots:
+            root.set_reshard_after_forward(True)
+            root.set_reshard_after_forward(False, recurse=False)  # a root's own default
+        for unit in units:
+            unit.reshard()
+
+
+def load_full_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load whole weights (``full_model_state``'s, read by every rank) into a sharded ``module``."""
+    options = StateDictOptions(full_state_dict=True)
+    whole: dict[str, Any] = dict(state)
+    set_model_state_dict(module, whole, options=options)
 
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -105,11 +143,11 @@ def unsharded_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> to
     to export a final checkpoint: the LoRA merge and ``save_pretrained`` need whole weights."""
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     assert isinstance(base, PreTrainedModel)
-    with torch.device("meta"):
+    # building a model initialises its weights, which draws from the global RNG even on the meta
+    # device: only rank 0 builds the copy, and the ranks' RNGs must stay in step (and a resumed run's)
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
         copy: torch.nn.Module = type(base)(base.config)
-    if isinstance(model, PeftModel):
-        from peft import get_peft_model
-
-        copy = get_peft_model(copy, model.peft_config["default"])
+        if isinstance(model, PeftModel):
+            copy = get_peft_model(copy, model.peft_config["default"])
     copy.load_state_dict(state, assign=True)
     return copy

@@ -21,7 +21,7 @@ from service.jobs.capacity import note_if_unfit
 from service.jobs.dispatch import queued_values, send_after_commit
 from service.jobs.events import add_event, state_event
 from service.jobs.integrations import duplicate_type, stored_integrations
-from service.jobs.resources import ONE_GPU, check_resources, queue_for
+from service.jobs.resources import ONE_GPU, queue_for
 from service.jobs.spec import (
     JobCreate,
     Method,
@@ -105,7 +105,6 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         )
     method = _method_of(spec)
     resources = spec.resources or ONE_GPU
-    check_resources(resources, method.declaration)
     _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type

@@ -13,9 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.errors import NotImplementedYet
-from trainers.registry import Method as MethodDeclaration
-
 # one job runs on one worker host: 64 is more GPUs than any host has
 MAX_GPUS = 64
 Strategy = Literal["ddp", "fsdp"]
@@ -26,23 +23,11 @@ class Resources(BaseModel):
 
     gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     # ddp: each rank holds the whole model, gradients are summed; fsdp: weights, gradients and optimizer
-    # state sharded over the ranks (trainers/sharding.py; the offline methods)
+    # state sharded over the ranks (trainers/sharding.py)
     strategy: Strategy = "ddp"
 
 
 ONE_GPU = Resources()
-
-
-def check_resources(resources: Resources, method: MethodDeclaration) -> None:
-    """Refuse, with the parameter named, what the trainers cannot run yet (501, not a failed job later)."""
-    if resources.strategy == "fsdp" and method.grader:
-        raise NotImplementedYet(
-            f"resources.strategy 'fsdp' is not implemented for method '{method.name}' yet: the online "
-            "methods sample a different number of tokens on each rank, which sharded weights cannot "
-            "follow; use 'ddp' (each GPU holds the whole model)",
-            param="resources.strategy",
-            code="not_implemented",
-        )
 
 
 def job_resources(stored: dict[str, Any] | None) -> Resources:

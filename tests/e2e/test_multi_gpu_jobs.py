@@ -11,7 +11,8 @@ runs a `resources.gpus: 2` job as 2 gloo ranks launched by torch.distributed.run
   and resumes from its latest checkpoint on a fresh pair of ranks.
 - Pause, resume and cancel reach both ranks: they stop at the same step, a paused job resumes on a fresh
   pair of ranks from its checkpoint, and no rank outlives a cancelled job.
-- A 2-rank GRPO job covers the prompts of the 1-rank job with the same global batch, step by step.
+- A 2-rank GRPO job (DDP or FSDP) covers the prompts of the 1-rank job with the same global batch, step
+  by step.
 - A job that asks for more GPUs than any live worker has stays queued, with the reason in its events.
 
 The worker's "GPUs" are CPU processes here (no GPU in CI); on a GPU host the same path runs NCCL.
@@ -154,7 +155,8 @@ def test_two_rank_dpo_job_matches_one_rank_job(two_gpu_stack: httpx.Client) -> N
     _assert_same_curve(curve_two, curve_one, (*CURVE[:3], *dpo))
 
 
-def test_two_rank_grpo_job_covers_the_one_rank_steps(two_gpu_stack: httpx.Client) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_rank_grpo_job_covers_the_one_rank_steps(two_gpu_stack: httpx.Client, strategy: str) -> None:
     """An online method on 2 ranks: each samples and trains its share of a step's prompts. Sampling
     differs from 1 rank's, so the curves are not compared (tests/trainers/test_distributed.py trains the
     online methods on 2 ranks with a signal); the grader here scores the prompt alone, so its step mean
@@ -175,7 +177,8 @@ def test_two_rank_grpo_job_covers_the_one_rank_steps(two_gpu_stack: httpx.Client
         hyperparameters = {**hp, "gradient_accumulation_steps": accumulation}
         return {"type": "grpo", "grpo": {"grader": grader, "hyperparameters": hyperparameters}}
 
-    two = _create(client, {"training_file": train, "method": grpo(1), "resources": {"gpus": 2}})
+    resources = {"gpus": 2, "strategy": strategy}
+    two = _create(client, {"training_file": train, "method": grpo(1), "resources": resources})
     one = _create(client, {"training_file": train, "method": grpo(2)})
     done_two, done_one = wait_for(client, two["id"]), wait_for(client, one["id"])
     assert done_two["status"] == "succeeded", done_two

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from tests.conftest import METRICS_TOKEN
-from tests.helpers import chat_rows, stored_counts, tenant_of, upload_ok
+from tests.e2e.test_preference_methods import preference_rows
+from tests.helpers import chat_rows, upload_ok
 
 MODEL = "tunehouse/tiny-llama"
 
@@ -420,26 +421,13 @@ def _sft(hp: dict[str, Any]) -> dict[str, Any]:
     return {"type": "supervised", "supervised": {"hyperparameters": hp}}
 
 
-@pytest.mark.parametrize(
-    ("method", "resources"), [("grpo", {"gpus": 2, "strategy": "fsdp"}), ("ppo", {"strategy": "fsdp"})]
-)
-def test_what_the_trainers_cannot_run_yet_is_a_501_naming_the_field(
-    client: httpx.Client, api_key: str, method: str, resources: dict[str, Any]
-) -> None:
-    """Sharded (fsdp) online methods: not built; the same job with DDP, on several GPUs too, is taken."""
-    prompts = upload_ok(client, RL_PROMPTS)
-    body = {"type": method, method: {"grader": CHECK}}
-    before = stored_counts(tenant_of(api_key))
-    error = _error(_create(client, model=MODEL, training_file=prompts, method=body, resources=resources), 501)
-    assert (error["param"], error["code"]) == ("resources.strategy", "not_implemented"), error
-    assert f"method '{method}'" in error["message"]
-    assert stored_counts(tenant_of(api_key)) == before  # nothing half-stored
-    ok = _create(client, model=MODEL, training_file=prompts, method=body, resources={"gpus": 2})
-    assert ok.status_code == 200, ok.text
-
-
-def test_an_offline_method_takes_fsdp(client: httpx.Client, train_file: str) -> None:
-    resources = {"gpus": 2, "strategy": "fsdp"}
-    response = _create(client, model=MODEL, training_file=train_file, resources=resources)
-    assert response.status_code == 200, response.text
-    assert response.json()["resources"]["strategy"] == "fsdp"
+@pytest.mark.parametrize("method", ["supervised", "dpo", "grpo", "ppo"])
+def test_every_method_takes_several_gpus_and_fsdp(client: httpx.Client, method: str) -> None:
+    online = method in ("grpo", "ppo")
+    rows = RL_PROMPTS if online else (chat_rows(8) if method == "supervised" else preference_rows(4))
+    body = {"type": method, method: {"grader": CHECK}} if online else {"type": method}
+    training_file = upload_ok(client, rows)
+    for resources in ({"gpus": 2}, {"gpus": 2, "strategy": "fsdp"}, {"strategy": "fsdp"}):
+        response = _create(client, model=MODEL, training_file=training_file, method=body, resources=resources)
+        assert response.status_code == 200, response.text
+        assert response.json()["resources"]["strategy"] == resources.get("strategy", "ddp")

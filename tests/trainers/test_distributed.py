@@ -314,9 +314,10 @@ def _online_base(tiny_model_path: Path, method: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 @pytest.mark.parametrize("method", sorted(ONLINE_RUNS))
 def test_two_rank_online_methods_cover_the_one_process_steps(
-    method: str, tiny_model_path: Path, tmp_path: Path
+    method: str, strategy: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
     """Each rank samples and trains its share of a step's prompts; the step's metrics are over both
     ranks' completions. Sampling differs from one process's (each rank draws its own), so the loss is
@@ -332,7 +333,9 @@ def test_two_rank_online_methods_cover_the_one_process_steps(
     resolve(m.trainer)(resolve(m.config)(**one), ONLINE_ROWS, None, reference, rewards=rewards)
     rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
     config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
-    done, reports = launch(tmp_path, ranks=2, method=method, config=config, rows=rows, graders=ONLINE_GRADERS)
+    done, reports = launch(
+        tmp_path, ranks=2, method=method, config=config, rows=rows, graders=ONLINE_GRADERS, strategy=strategy
+    )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     main, other = reports
     assert len(main["steps"]) == len(reference.steps) == 3
@@ -347,9 +350,13 @@ def test_two_rank_online_methods_cover_the_one_process_steps(
     assert main["checkpoints"] == [[3, True]]
 
 
-def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(tiny_model_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(
+    strategy: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
     """A checkpoint taken between the optimizer steps of one rollout holds each rank's share of it:
-    2 ranks resumed from it repeat the uninterrupted 2-rank run's steps exactly."""
+    2 ranks resumed from it repeat the uninterrupted 2-rank run's steps exactly (FSDP: the value head,
+    sharded too, comes back whole from the checkpoint)."""
     base = {
         **_online_base(tiny_model_path, "ppo"),
         "num_ppo_epochs": 2,  # 2 optimizer steps per rollout
@@ -361,7 +368,8 @@ def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(tiny_model_path: P
     whole = tmp_path / "whole"
     whole.mkdir()
     config = {**base, "output_dir": str(whole / "out")}
-    done, reports = launch(whole, ranks=2, method="ppo", config=config, rows=rows, graders=ONLINE_GRADERS)
+    run = {"method": "ppo", "rows": rows, "graders": ONLINE_GRADERS, "strategy": strategy}
+    done, reports = launch(whole, ranks=2, config=config, **run)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     uninterrupted = reports[0]["steps"]
     assert len(uninterrupted) == 6
@@ -370,9 +378,7 @@ def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(tiny_model_path: P
     resumed_dir.mkdir()
     ckpt = whole / "out" / "checkpoint-000003"  # after the first of the second rollout's 2 steps
     again = {**base, "output_dir": str(resumed_dir / "out"), "resume_from": str(ckpt)}
-    done, reports = launch(
-        resumed_dir, ranks=2, method="ppo", config=again, rows=rows, graders=ONLINE_GRADERS
-    )
+    done, reports = launch(resumed_dir, ranks=2, config=again, **run)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     keys = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
     assert_same_curve(reports[0]["steps"], uninterrupted[3:], keys)
