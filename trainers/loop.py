@@ -458,12 +458,10 @@ class _Loop(Generic[E, B]):
             loss_sum += float(out.loss.item())
             units += collated.loss_denominator
             metric_sums.add(out)
-        if (
-            self.sharded
-            and chunks
-            and len(range(self.rank, len(chunks), self.world)) < len(range(0, len(chunks), self.world))
-        ):  # a forward gathers weights: run as many as rank 0 does
-            self._forward(self.task.collate(chunks[0]).to(self.device))
+        if self.sharded:  # a forward gathers weights: run as many as rank 0 does (stand-ins)
+            missing = len(range(0, len(chunks), self.world)) - len(range(self.rank, len(chunks), self.world))
+            for _ in range(missing):
+                self._forward(self.task.collate(chunks[0]).to(self.device))
         self.model.train()
         # every rank's sums (on other ranks the row goes to NullCallbacks)
         loss_sum, total_units = metric_sums.reduce([loss_sum, units], self.device)

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
@@ -243,13 +245,17 @@ def test_two_rank_preference_methods_match_one_process(
     assert set(main["steps"][0]) - {"step", "tokens_per_second"} == measured
     assert_same_curve(main["steps"], reference.steps, tuple(sorted(measured)), TOLERANCE[strategy])
     assert main["checkpoints"] == [[steps, True]]
+    # the exported model (LoRA merged into the base; FSDP: from the weights gathered whole)
+    ours = load_file(Path(main["final_checkpoint"]) / "model" / "model.safetensors")
+    theirs = load_file(reference.checkpoints[-1].path / "model" / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for name, weight in theirs.items():
+        assert torch.allclose(ours[name], weight, rtol=0, atol=1e-5), name
 
 
 def test_step_statistics_are_taken_over_every_rank(tmp_path: Path) -> None:
     """Ranks holding unequal shares of a batch get one process's batch-wide reward scale, advantage
     whitening and sums (a rank's own share's would differ: the shares have different statistics)."""
-    import torch
-
     from tests.trainers.dist_stats_entry import ROWS, share
     from trainers.advantages import group_advantages, masked_whiten
 
@@ -330,11 +336,20 @@ def test_two_rank_online_methods_cover_the_one_process_steps(
     reference = Recorder()
     m = METHODS[method]
     one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
-    resolve(m.trainer)(resolve(m.config)(**one), ONLINE_ROWS, None, reference, rewards=rewards)
+    valid_rows = ONLINE_ROWS[:3]  # sampled and graded once, at the end (FSDP: with the weights whole)
+    resolve(m.trainer)(resolve(m.config)(**one), ONLINE_ROWS, valid_rows, reference, rewards=rewards)
     rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
+    valid = _write_rows(tmp_path / "valid.jsonl", valid_rows)
     config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
     done, reports = launch(
-        tmp_path, ranks=2, method=method, config=config, rows=rows, graders=ONLINE_GRADERS, strategy=strategy
+        tmp_path,
+        ranks=2,
+        method=method,
+        config=config,
+        rows=rows,
+        valid_rows=valid,
+        graders=ONLINE_GRADERS,
+        strategy=strategy,
     )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     main, other = reports
@@ -345,6 +360,9 @@ def test_two_rank_online_methods_cover_the_one_process_steps(
         assert ours["rewards/v/mean"] == pytest.approx(theirs["rewards/v/mean"], abs=1e-6)
     # the last step: rank 0's micro-batch 4 and, on rank 1, micro-batch 0 again; one process: 4 alone
     assert main["steps"][2]["rewards/v/mean"] != pytest.approx(reference.steps[2]["rewards/v/mean"])
+    assert [e["step"] for e in main["evals"]] == [e["step"] for e in reference.evals] == [3]
+    # the prompt-only reward of the validation prompts: the same whatever was sampled
+    assert main["evals"][0]["valid_reward/v"] == reference.evals[0]["valid_reward/v"]
     assert all(math.isfinite(row["loss"]) for row in main["steps"])
     assert (other["steps"], other["checkpoints"]) == ([], [])
     assert main["checkpoints"] == [[3, True]]
