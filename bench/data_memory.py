@@ -1,9 +1,14 @@
-"""Peak memory of an SFT run as the training file grows: the data is read and tokenized to disk, not
-held in RAM (issue 9 item 3).
+"""Peak memory of an SFT (or GRPO) run as the training file grows: the data is read and tokenized to
+disk, not held in RAM (issue 9 item 3).
 
     .venv/bin/python -m bench.data_memory                        # 1, 50 and 200 MB
     .venv/bin/python -m bench.data_memory --sizes-mb 1,50,500    # the issue's range (tokenizing 500 MB
                                                                  # takes ~20 min on 2 cores)
+    .venv/bin/python -m bench.data_memory --method grpo          # a prompt file: RL rows with a column
+
+``--method grpo`` writes ``{"prompt": ..., "answer": ...}`` rows instead and runs one GRPO step (2
+prompts x 2 completions of 4 tokens, a ``string_check`` grader on the column); ``in RAM`` keeps its
+tokenized prompts as a list, as ``trainers.rollout.tokenize_rl_rows`` did before it wrote them to disk.
 
 For each size it writes a JSONL file of ``{"text": ...}`` rows (seeded, lengths varied, ~1 KB a row)
 and runs the tiny model's SFT trainer on it for 2 steps of 8 rows in a fresh child process, twice:
@@ -28,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainers.sft import SFTConfig
@@ -39,20 +45,22 @@ MODES = ("on_disk", "in_ram")
 WORDS = "the model learns from every row of the file one token at a time while memory stays flat"
 
 
-def write_rows(path: Path, size_mb: float, seed: int = 0) -> int:
-    """A JSONL file of about ``size_mb`` MB of text rows; returns the row count."""
+def write_rows(path: Path, size_mb: float, seed: int = 0, *, method: str = "sft") -> int:
+    """A JSONL file of about ``size_mb`` MB of text rows (RL prompt rows for ``grpo``); returns the row
+    count."""
     rng = random.Random(seed)
     target, written, n = int(size_mb * 1024 * 1024), 0, 0
     with path.open("w", encoding="utf-8") as fh:
         while written < target:
             text = " ".join(rng.choice(WORDS.split()) for _ in range(rng.randint(60, 260)))
-            line = json.dumps({"text": text}) + "\n"
+            row = {"text": text} if method == "sft" else {"prompt": text, "answer": rng.choice(WORDS.split())}
+            line = json.dumps(row) + "\n"
             fh.write(line)
             written, n = written + len(line), n + 1
     return n
 
 
-def child(mode: str, data: Path, model: Path, out: Path) -> None:
+def child(mode: str, data: Path, model: Path, out: Path, method: str) -> None:
     """One run; prints a JSON line with the peak RSS in MiB and the seconds taken."""
     import trainers.sft
     from trainers.data import tokenize_sft_rows
@@ -61,7 +69,9 @@ def child(mode: str, data: Path, model: Path, out: Path) -> None:
 
     start = time.perf_counter()
     rows = JsonlRows(data, param="training_file")
-    if mode == "in_ram":
+    if method == "grpo":
+        _grpo(mode, rows, model, out)
+    elif mode == "in_ram":
         rows_in_ram = list(rows)
         # the tokenized examples as the Python lists the trainers kept before the store
         trainers.sft.tokenize_sft_rows = lambda *a, **k: list(tokenize_sft_rows(*a, **k))  # type: ignore[attr-defined,assignment]
@@ -70,6 +80,25 @@ def child(mode: str, data: Path, model: Path, out: Path) -> None:
         train_sft(_config(model, out), rows)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"peak_mib": peak_mib, "seconds": time.perf_counter() - start}))
+
+
+def _grpo(mode: str, rows: Sequence[dict[str, Any]], model: Path, out: Path) -> None:
+    import trainers.rl
+    from trainers.grpo import GRPOConfig, train_grpo
+    from trainers.rewards import build_grader
+    from trainers.rl import RewardSet
+    from trainers.rollout import tokenize_rl_rows
+
+    if mode == "in_ram":
+        rows = list(rows)
+        # the tokenized prompts as the list of RLPrompt the RL methods kept before the store
+        trainers.rl.tokenize_rl_rows = lambda *a, **k: list(tokenize_rl_rows(*a, **k))  # type: ignore[attr-defined]
+    grader = {"type": "string_check", "name": "a", "operation": "like", "input": "{{sample.output_text}}"}
+    rewards = RewardSet.of([build_grader({**grader, "reference": "{{item.answer}}"})])
+    config = GRPOConfig(
+        str(model), str(out), max_steps=1, batch_size=2, num_generations=2, max_completion_length=4, seed=0
+    )
+    train_grpo(config, rows, rewards=rewards)
 
 
 def _config(model: Path, out: Path) -> SFTConfig:
@@ -83,11 +112,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes-mb", default="1,50,200")
+    parser.add_argument("--method", choices=("sft", "grpo"), default="sft")
     parser.add_argument("--child", nargs=4, metavar=("MODE", "DATA", "MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         mode, data, model, out = args.child
-        child(mode, Path(data), Path(model), Path(out))
+        child(mode, Path(data), Path(model), Path(out), args.method)
         return
 
     from trainers.tiny_model import build_tiny_model
@@ -99,7 +129,7 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for size in (float(s) for s in args.sizes_mb.split(",")):
             data = tmp / f"train-{size:g}mb.jsonl"
-            n_rows = write_rows(data, size)
+            n_rows = write_rows(data, size, method=args.method)
             result = {}
             for mode in MODES:
                 done = subprocess.run(
@@ -112,6 +142,8 @@ def main() -> None:
                         str(data),
                         str(model),
                         str(tmp / mode),
+                        "--method",
+                        args.method,
                     ],
                     cwd=ROOT,
                     capture_output=True,

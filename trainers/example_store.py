@@ -5,10 +5,11 @@ A method's tokenizer writes its examples (frozen dataclasses such as ``Tokenized
 a ``Sequence`` of the same dataclass that the loop indexes (``store[i]``, ``store[a:b]``, ``len``).
 
 Layout: each ``list[int]`` (``list[bool]``) field is one flat int32 (uint8) file of every example's
-values end to end, with the examples' start offsets in memory (8 bytes per example); each scalar field
-(``bool``, ``int``, ``float``, ``float | None``) is an in-memory column of 8 bytes per example. The
-flat files are anonymous temporary files (unlinked when created, so a crashed process leaves nothing
-behind) in ``tempfile``'s directory, which the worker points at the job's work folder. They are
+values end to end, with the examples' start offsets in memory (8 bytes per example); a ``str`` field
+is such a file of UTF-8 bytes, a ``dict[str, Any]`` field one of JSON text (an RL row's columns); each
+scalar field (``bool``, ``int``, ``float``, ``float | None``) is an in-memory column of 8 bytes per
+example. The flat files are anonymous temporary files (unlinked when created, so a crashed process
+leaves nothing behind) in ``tempfile``'s directory, which the worker points at the job's work folder. They are
 memory-mapped: the pages a step reads come from the page cache, and the resident size stays flat as
 the training file grows (docs/benchmarks.md).
 
@@ -26,6 +27,7 @@ the training file grows (docs/benchmarks.md).
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 import types
 import typing
@@ -41,10 +43,14 @@ E = TypeVar("E")
 # how a field is stored, from its annotation: lists on disk (ids as int32, masks as one byte per
 # flag), scalars as 8-byte columns in memory
 _IDS, _MASK, _BOOL, _INT, _FLOAT, _OPTIONAL_FLOAT = "ids", "mask", "bool", "int", "float", "float | None"
-_ON_DISK = {_IDS: np.int32, _MASK: np.uint8}  # vocabularies stay far below 2**31 ids
+_TEXT, _JSON = "text", "json"
+# vocabularies stay far below 2**31 ids; text and JSON are stored as their UTF-8 bytes
+_ON_DISK = {_IDS: np.int32, _MASK: np.uint8, _TEXT: np.uint8, _JSON: np.uint8}
 _ANNOTATIONS: dict[Any, str] = {
     list[int]: _IDS,
     list[bool]: _MASK,
+    str: _TEXT,
+    dict[str, Any]: _JSON,
     bool: _BOOL,
     int: _INT,
     float: _FLOAT,
@@ -94,11 +100,9 @@ class ExampleWriter(Generic[E]):
 
     def append(self, example: E) -> None:
         for name, (fh, offsets) in self._ids.items():
-            ids = np.asarray(getattr(example, name), dtype=np.int64)
-            if ids.size and (ids.min() < 0 or ids.max() > _MAX_TOKEN_ID):
-                raise ValueError(f"{name}: values must lie in [0, {_MAX_TOKEN_ID}]")
-            fh.write(ids.astype(_ON_DISK[self._kinds[name]]).tobytes())
-            offsets.append(offsets[-1] + ids.size)
+            values = _encode(getattr(example, name), self._kinds[name], name)
+            fh.write(values.tobytes())
+            offsets.append(offsets[-1] + values.size)
         for name, column in self._scalars.items():
             value = getattr(example, name)
             column.append(float("nan") if value is None else value)
@@ -156,8 +160,7 @@ class ExampleStore(Sequence[E]):
         for name, kind in self._kinds.items():
             if kind in _ON_DISK:
                 flat, offsets = self._ids[name]
-                column = flat[offsets[i] : offsets[i + 1]]
-                values[name] = column.astype(bool).tolist() if kind == _MASK else column.tolist()
+                values[name] = _decode(flat[offsets[i] : offsets[i + 1]], kind)
             else:
                 values[name] = _scalar(self._scalars[name][i], kind)
         return self._cls(**values)
@@ -166,6 +169,26 @@ class ExampleStore(Sequence[E]):
     def n_tokens(self) -> int:
         """Ids stored over every ``list[int]`` field."""
         return sum(int(self._ids[name][1][-1]) for name, kind in self._kinds.items() if kind == _IDS)
+
+
+def _encode(value: Any, kind: str, name: str) -> np.ndarray[Any, Any]:
+    """A field's value as the flat array its file holds."""
+    if kind == _TEXT:
+        return np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+    if kind == _JSON:
+        return np.frombuffer(json.dumps(value, ensure_ascii=False).encode("utf-8"), dtype=np.uint8)
+    ids = np.asarray(value, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() > _MAX_TOKEN_ID):
+        raise ValueError(f"{name}: values must lie in [0, {_MAX_TOKEN_ID}]")
+    return ids.astype(_ON_DISK[kind])
+
+
+def _decode(column: np.ndarray[Any, Any], kind: str) -> Any:
+    if kind == _TEXT:
+        return column.tobytes().decode("utf-8")
+    if kind == _JSON:
+        return json.loads(column.tobytes().decode("utf-8"))
+    return column.astype(bool).tolist() if kind == _MASK else column.tolist()
 
 
 def _scalar(value: Any, kind: str) -> Any:

@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from trainers import distributed as dist
 from trainers.data import _bos_text
 from trainers.errors import DataError
+from trainers.example_store import ExampleWriter
 from trainers.loop import PreparedStep
 
 
@@ -48,12 +49,13 @@ def tokenize_rl_rows(
     *,
     max_prompt_length: int,
     param: str = "training_file",
-) -> list[RLPrompt]:
-    """Render and tokenize prompts; longer prompts keep their last ``max_prompt_length`` tokens."""
+) -> Sequence[RLPrompt]:
+    """Render and tokenize prompts; longer prompts keep their last ``max_prompt_length`` tokens. They are
+    written to disk as they come (``trainers.example_store``): a large prompt file does not live in RAM."""
     if not rows:
         raise DataError("the file has no examples", param=param)
     bos = _bos_text(tokenizer)
-    prompts = []
+    prompts = ExampleWriter(RLPrompt)
     for line, row in enumerate(rows, start=1):
         if not isinstance(row, Mapping):
             raise DataError(f"line {line}: expected an object", param=param)
@@ -75,8 +77,12 @@ def tokenize_rl_rows(
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][-max_prompt_length:]
         if not ids:
             raise DataError(f"line {line}: the prompt is empty", param=param)
-        prompts.append(RLPrompt(str(tokenizer.decode(ids)), list(ids), columns))
-    return prompts
+        try:
+            prompts.append(RLPrompt(str(tokenizer.decode(ids)), list(ids), columns))
+        except (TypeError, ValueError) as exc:  # kept as JSON on disk
+            message = f"line {line}: the row's fields must be JSON values ({exc})"
+            raise DataError(message, param=param) from exc
+    return prompts.finish()
 
 
 @dataclass

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from trainers.data import TokenizedExample, tokenize_sft_rows
 from trainers.example_store import ExampleStore, ExampleWriter
 from trainers.preference_data import PreferenceExample
+from trainers.rollout import RLPrompt
 from trainers.unpaired_data import UnpairedExample
 
 
@@ -37,6 +38,12 @@ def test_every_kind_of_field_comes_back_as_written() -> None:
     assert list(back) == sft
     assert all(type(flag) is bool for flag in back[0].loss_mask)
     assert back.n_tokens == 5  # ids only, not the mask
+    # RL prompts: text and the row's other fields (JSON), unicode and nesting included
+    prompts = [
+        RLPrompt("Où est Lima ?", [1, 2], {"answer": "Pérou", "tags": ["a", {"n": 1.5}], "none": None}),
+        RLPrompt("", [3], {}),
+    ]
+    assert list(_store(prompts)) == prompts
 
 
 @dataclass(frozen=True)
@@ -97,9 +104,9 @@ def test_a_field_type_it_cannot_store_is_refused_up_front() -> None:
     @dataclass(frozen=True)
     class Tagged:
         ids: list[int]
-        tag: str
+        tag: tuple[str, str]
 
-    with pytest.raises(TypeError, match=r"Tagged\.tag: an ExampleStore cannot hold <class 'str'>"):
+    with pytest.raises(TypeError, match=r"Tagged\.tag: an ExampleStore cannot hold tuple\[str, str\]"):
         ExampleWriter(Tagged)
 
 

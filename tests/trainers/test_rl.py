@@ -15,6 +15,7 @@ import torch
 
 from tests.trainers.helpers import Recorder, small_config
 from trainers.errors import DataError
+from trainers.example_store import ExampleStore
 from trainers.grpo import GRPOConfig, train_grpo
 from trainers.registry import METHODS, resolve
 from trainers.rewards import build_grader
@@ -224,3 +225,19 @@ def test_grpo_validates_at_eval_steps_and_at_the_end_without_changing_training(
     final = with_valid.checkpoints[-1]
     assert final.final and final.metrics["valid_reward/bonus"] == pytest.approx(4.0 / 3)
     assert final.metrics["reward"] == with_valid.steps[-1]["reward"]
+
+
+def test_rl_prompts_are_kept_on_disk_and_come_back_whole(tokenizer: Any) -> None:
+    rows = [{"prompt": "Où est Lima ?", "answer": "Pérou", "meta": {"k": [1, 2.5, None]}}, {"prompt": "b"}]
+    prompts = tokenize_rl_rows(rows, tokenizer, max_prompt_length=64)
+    assert isinstance(prompts, ExampleStore) and len(prompts) == 2
+    assert prompts[0].columns == {"answer": "Pérou", "meta": {"k": [1, 2.5, None]}}
+    assert prompts[0].text.endswith("Où est Lima ?") and prompts[1].columns == {}
+    assert prompts[0].input_ids == tokenizer(prompts[0].text, add_special_tokens=False)["input_ids"]
+
+
+def test_an_rl_row_field_that_is_not_json_is_refused_with_its_line(tokenizer: Any) -> None:
+    rows = [{"prompt": "a"}, {"prompt": "b", "when": object()}]
+    with pytest.raises(DataError, match=r"^line 2: the row's fields must be JSON values") as caught:
+        tokenize_rl_rows(rows, tokenizer, max_prompt_length=64)
+    assert caught.value.param == "training_file"
