@@ -140,7 +140,8 @@ def _like(param: torch.Tensor, value: Any) -> Any:
 
 def unsharded_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     """A plain (unsharded) copy of ``model`` holding ``state`` (``full_model_state``'s), built on rank 0
-    to export a final checkpoint: the LoRA merge and ``save_pretrained`` need whole weights."""
+    for every checkpoint it writes: ``save_pretrained`` and a final checkpoint's LoRA merge need whole
+    weights. It shares ``state``'s tensors (``assign``): no second copy of the weights."""
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     assert isinstance(base, PreTrainedModel)
     # building a model initialises its weights, which draws from the global RNG even on the meta
