@@ -168,6 +168,8 @@ def reward_evaluator(
     passes all start from ``config.seed``, so successive passes differ only by the policy), ``batch_size``
     prompts at a time, scores them all with the run's ``rewards`` and returns ``validation_metrics``.
     ``generate_rollout`` forks the RNG: training draws the same rollouts with or without validation.
+    On several ranks each samples its every world-th chunk (the same seeds as one process) and the
+    metrics are over every rank's scores.
     """
     if not valid_rows:
         return None
@@ -176,8 +178,9 @@ def reward_evaluator(
     )
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
-        parts = []
-        for start in range(0, len(prompts), config.batch_size):
+        size, world = config.batch_size, dist.world_size()
+        parts = [RewardScores(torch.zeros(0, len(rewards.names)), torch.zeros(0), rewards.names)]
+        for start in range(dist.rank() * size, len(prompts), world * size):  # this rank's chunks
             rollout = generate_rollout(
                 model,
                 tokenizer,
@@ -190,10 +193,10 @@ def reward_evaluator(
                 greedy=config.eval_sampling == "greedy",
             )
             parts.append(rewards.score(rollout.prompts, rollout.completions, rollout.columns))
-        scores = RewardScores(
-            torch.cat([p.per_func for p in parts]), torch.cat([p.total for p in parts]), rewards.names
+        (per_func, total), _ = dist.gather_rows(
+            torch.cat([p.per_func for p in parts]), torch.cat([p.total for p in parts])
         )
-        return validation_metrics(scores)
+        return validation_metrics(RewardScores(per_func, total, rewards.names))
 
     return evaluate
 
