@@ -101,6 +101,16 @@ def _job_line(job: Any) -> str:
     return f"{job.id}  {job.status:<10} {job.method.get('type', '?'):<11} {progress:>9}  {job.model}{extra}"
 
 
+def _resources(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The job's `resources` extension from --gpus and --strategy (None: the server's default)."""
+    resources: dict[str, Any] = {}
+    if args.gpus is not None:
+        resources["gpus"] = args.gpus
+    if args.strategy is not None:
+        resources["strategy"] = args.strategy
+    return resources or None
+
+
 def jobs_create(args: argparse.Namespace) -> int:
     hp = _key_values(args.hyperparameter, "--hyperparameter")
     method: dict[str, Any] = {"type": args.method, args.method: {"hyperparameters": hp}}
@@ -115,7 +125,7 @@ def jobs_create(args: argparse.Namespace) -> int:
             suffix=args.suffix,
             seed=args.seed,
             metadata={k: str(v) for k, v in _key_values(args.metadata, "--metadata").items()} or None,
-            resources={"gpus": args.gpus} if args.gpus is not None else None,
+            resources=_resources(args),
         )
         emit(args, job, _job_line(job))
         if args.wait:
@@ -232,6 +242,11 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix")
     p.add_argument("--seed", type=int)
     p.add_argument("--gpus", type=int, help="GPUs (data-parallel ranks) for the job; default 1")
+    p.add_argument(
+        "--strategy",
+        choices=("ddp", "fsdp"),
+        help="ddp (each GPU holds the model; the default) or fsdp (weights and optimizer state sharded)",
+    )
     p.add_argument("--metadata", action="append", metavar="KEY=VALUE")
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
     p.add_argument("--timeout", type=float)

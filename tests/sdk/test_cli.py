@@ -69,13 +69,15 @@ def test_files_and_jobs_commands(api_url: str, api_key: str, tmp_path: Path) -> 
         "team=cli",
         "--gpus",
         "2",
+        "--strategy",
+        "fsdp",
         "--json",
         url=api_url,
         key=api_key,
     )
     assert created.returncode == 0, created.stderr
     job = json.loads(created.stdout)
-    assert job["resources"]["gpus"] == 2
+    assert (job["resources"]["gpus"], job["resources"]["strategy"]) == (2, "fsdp")
     assert job["method"]["supervised"]["hyperparameters"]["n_epochs"] == 2
     assert job["method"]["supervised"]["hyperparameters"]["lora"] is False
     assert job["id"] in th("jobs", "list", url=api_url, key=api_key).stdout
