@@ -189,10 +189,7 @@ def gather_rows(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], slice]:
     rows = tensors[0].size(0)
     if world_size() == 1:
         return list(tensors), slice(0, rows)
-    gathered: list[list[torch.Tensor] | None] = [None] * world_size()
-    with _collective("all_gather(rows)"):
-        dist.all_gather_object(gathered, [t.detach().cpu() for t in tensors])
-    parts = [p or [] for p in gathered]
+    parts = [p for p in gather_objects([t.detach().cpu() for t in tensors]) if isinstance(p, list)]
     start = sum(part[0].size(0) for part in parts[: rank()])
     joined = [torch.cat([part[i] for part in parts]).to(t.device) for i, t in enumerate(tensors)]
     return joined, slice(start, start + rows)
@@ -233,9 +230,4 @@ def _backend_device() -> torch.device:
 
 def union_keys(mapping: Mapping[str, object]) -> list[str]:
     """The sorted union of every rank's keys (ranks may have run different micro-batches)."""
-    if world_size() == 1:
-        return sorted(mapping)
-    gathered: list[list[str] | None] = [None] * world_size()
-    with _collective("all_gather(keys)"):
-        dist.all_gather_object(gathered, sorted(mapping))
-    return sorted({key for keys in gathered for key in keys or []})
+    return sorted({key for keys in gather_objects(sorted(mapping)) if isinstance(keys, list) for key in keys})

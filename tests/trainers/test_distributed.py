@@ -31,6 +31,8 @@ from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
 from trainers.checkpoint import latest_checkpoint, resumable_checkpoints
 from trainers.registry import METHODS, resolve
+from trainers.rewards import build_grader
+from trainers.rl import RewardSet
 
 REL = 1e-5
 # FSDP runs the whole model to its logits where the 1-process run applies the LM head chunk by chunk
@@ -74,11 +76,17 @@ def launch(
 
 
 def in_process(
-    method: str, config: dict[str, Any], rows: list[dict[str, Any]], valid: Any = None
+    method: str,
+    config: dict[str, Any],
+    rows: list[dict[str, Any]],
+    valid: Any = None,
+    graders: list[dict[str, Any]] | None = None,
 ) -> Recorder:
+    """One process; ``graders`` (grader specs) are an online method's rewards, as ``launch`` takes them."""
     rec = Recorder()
     m = METHODS[method]
-    resolve(m.trainer)(resolve(m.config)(**config), rows, valid, rec)
+    rewards = {"rewards": RewardSet.of([build_grader(g) for g in graders])} if graders else {}
+    resolve(m.trainer)(resolve(m.config)(**config), rows, valid, rec, **rewards)
     return rec
 
 
@@ -328,16 +336,10 @@ def test_two_rank_online_methods_cover_the_one_process_steps(
     """Each rank samples and trains its share of a step's prompts; the step's metrics are over both
     ranks' completions. Sampling differs from one process's (each rank draws its own), so the loss is
     not compared: the prompt-only reward's mean shows that a step covers the same prompts."""
-    from trainers.rewards import build_grader
-    from trainers.rl import RewardSet
-
     base = _online_base(tiny_model_path, method)
-    rewards = RewardSet.of([build_grader(g) for g in ONLINE_GRADERS])
-    reference = Recorder()
-    m = METHODS[method]
     one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
     valid_rows = ONLINE_ROWS[:3]  # sampled and graded once, at the end (FSDP: with the weights whole)
-    resolve(m.trainer)(resolve(m.config)(**one), ONLINE_ROWS, valid_rows, reference, rewards=rewards)
+    reference = in_process(method, one, ONLINE_ROWS, valid_rows, ONLINE_GRADERS)
     rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
     valid = _write_rows(tmp_path / "valid.jsonl", valid_rows)
     config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
