@@ -51,7 +51,7 @@ from worker.methods import RunInputs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
 from worker.outage import blob_outage_event, retry_blob, retry_db
 from worker.recovery import hand_back
-from worker.reporter import JobReporter
+from worker.reporter import JobReporter, live_publisher
 from worker.result_files import ResultContext, store_result_files
 from worker.trackers import Tracker, TrackerUnavailable, open_trackers
 
@@ -210,11 +210,7 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
         inputs = _load_retrying(job, method, blobs=blobs, workdir=workdir, announce=True)
         distributed.barrier()  # the other ranks load theirs now (`_run_other_rank`)
         trackers = open_trackers(job, method)
-        publisher = None
-        if settings.redis_url:
-            import redis
-
-            publisher = redis.Redis.from_url(settings.redis_url)
+        publisher = live_publisher(settings.redis_url) if settings.redis_url else None
         reporter = JobReporter(
             job_id=job_id,
             tenant_id=job.tenant_id,
@@ -226,7 +222,10 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
             shutdown=shutdown,
             trackers=trackers,
         )
-        result = run_method(method, inputs, reporter)
+        try:
+            result = run_method(method, inputs, reporter)
+        finally:  # no row is written behind the outcome recorded below
+            reporter.close()
         reporter.flush(wait=True)
         if result.stopped == StopRequest.PAUSE:
             exit_code = 0

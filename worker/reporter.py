@@ -3,6 +3,10 @@
 Metric rows are buffered and flushed to the DB at least every `metrics_flush_seconds` (and at every
 event that matters), so a fast loop does not pay a DB round trip per step; each row is also published
 on Redis (`tunehouse:job:<id>`) the moment it is logged, when Redis is configured, for live streams.
+Both the publish and the timed flush run on the reporter's own thread (`_send_loop`): the training
+thread only buffers a row and wakes it, so a step never waits on Redis or PostgreSQL round trips. The
+writes that must land before the trainer goes on (an epoch's end, a checkpoint, the end of training)
+flush from the training thread, after publishing what is queued so that the live path keeps step order.
 
 A database outage does not stop training: rows stay in the buffer until a flush succeeds (none is
 lost), cancel checks are skipped, and events and checkpoint records wait for the database (bounded by
@@ -17,6 +21,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,22 @@ log = logging.getLogger("tunehouse.worker")
 
 # after a failed publish, the live path rests this long: a down Redis must not cost every step a retry
 PUBLISH_RETRY_SECONDS = 2.0
+# a publish to a Redis that hangs (stopped, not closed) gives up after this long: the sender's DB
+# flushes wait behind it, so without a timeout a hung Redis would stop the job's metrics reaching the DB
+PUBLISH_TIMEOUT_SECONDS = 2.0
+
+
+def live_publisher(redis_url: str) -> Any:
+    """The Redis client the live path publishes with: bounded waits, no retries of its own (the
+    sender drops a row it could not publish; the DB flush is the record)."""
+    import redis
+
+    return redis.Redis.from_url(
+        redis_url,
+        socket_connect_timeout=PUBLISH_TIMEOUT_SECONDS,
+        socket_timeout=PUBLISH_TIMEOUT_SECONDS,
+        retry=None,
+    )
 
 # the keys OpenAI's checkpoint objects carry, mapped from our step rows
 _CHECKPOINT_METRICS = {
@@ -107,6 +128,16 @@ class JobReporter:
         self.final_checkpoint_id: str | None = None
         self._pending: dict[int, dict[str, Any]] = {}
         self._last_flush = time.monotonic()
+        # the sender thread (`_send_loop`): rows to publish, in step order, and what it must do next
+        self._outbox: deque[dict[str, float]] = deque()
+        self._buffer_lock = threading.Lock()  # _pending and _outbox, shared with the sender
+        self._flush_lock = threading.Lock()  # one DB write of the buffer at a time
+        self._publish_lock = threading.Lock()  # one drain of the outbox at a time: rows stay in order
+        self._wake = threading.Event()
+        self._flush_requested = False
+        self._closed = False
+        self._sender: threading.Thread | None = None
+        self._sender_error: BaseException | None = None
         self._last_poll = 0.0
         self._stop: StopRequest | None = None
         self._publish_retry_at = 0.0
@@ -147,24 +178,22 @@ class JobReporter:
         self._must_write("training started", write)
 
     def on_step(self, row: dict[str, float]) -> None:
+        self._raise_sender_error()
         # wall-clock time of the step, kept with the row: for plots against time and latency checks
         row = {**row, "logged_at": time.time()}
         self.last_row = row
         if self._origin is None:  # a resumed run's first step is not step 1
             self._origin = (int(row["step"]) - 1, self._began_at)
-        self._publish(row)
         self._track(row)
-        self._buffer(int(row["step"]), row)
-        if time.monotonic() - self._last_flush >= self.settings.metrics_flush_seconds:
-            self.flush()
+        self._hand_over(row, flush_now=False)
 
     def on_eval(self, row: dict[str, float]) -> None:
-        self._publish(row)
+        self._raise_sender_error()
         self._track(row)
-        self._buffer(int(row["step"]), row)
-        self.flush()
+        self._hand_over(row, flush_now=True)  # an evaluation is written at once, by the sender
 
     def on_epoch_end(self, *, epoch: int, step: int) -> None:
+        self._raise_sender_error()
         self.flush(wait=True)
 
         def write() -> None:
@@ -254,15 +283,74 @@ class JobReporter:
             self._stop = StopRequest.PAUSE
         return self._stop
 
-    # -- buffering -----------------------------------------------------------------------------
-    def _buffer(self, step: int, row: dict[str, float]) -> None:
+    # -- the sender thread ---------------------------------------------------------------------
+    def _hand_over(self, row: dict[str, float], *, flush_now: bool) -> None:
+        """Buffer a row for the DB and queue it for the live path; the sender does the I/O."""
         values = {k: v for k, v in row.items() if k not in ("step", "epoch", "total_steps")}
-        entry = self._pending.setdefault(step, {"epoch": float(row.get("epoch", 0.0)), "values": {}})
-        entry["values"].update(values)
+        with self._buffer_lock:
+            entry = self._pending.setdefault(
+                int(row["step"]), {"epoch": float(row.get("epoch", 0.0)), "values": {}}
+            )
+            entry["values"].update(values)
+            if self.publisher is not None:
+                self._outbox.append(row)
+            self._flush_requested = self._flush_requested or flush_now
+        if self._sender is None:
+            self._sender = threading.Thread(
+                target=self._send_loop, name=f"reporter-{self.job_id}", daemon=True
+            )
+            self._sender.start()
+        if self.publisher is not None or flush_now:
+            self._wake.set()  # otherwise the sender wakes when the next timed flush is due
 
+    def _send_loop(self) -> None:
+        try:
+            while not self._closed:
+                due = self._last_flush + self.settings.metrics_flush_seconds
+                self._wake.wait(timeout=max(0.0, due - time.monotonic()))
+                self._wake.clear()
+                self._drain_outbox()
+                with self._buffer_lock:
+                    requested, self._flush_requested = self._flush_requested, False
+                if requested or time.monotonic() >= self._last_flush + self.settings.metrics_flush_seconds:
+                    self.flush()
+        except BaseException as exc:  # the training thread raises it at its next call (an outage too long)
+            log.warning("job %s: the reporter's sender stopped: %r", self.job_id, exc)
+            self._sender_error = exc
+
+    def _raise_sender_error(self) -> None:
+        if self._sender_error is not None:
+            raise self._sender_error
+
+    def close(self) -> None:
+        """Stop the sender and publish what it had queued. The buffer stays for the caller's
+        `flush(wait=True)`, which waits out an outage the sender may have stopped on."""
+        self._closed = True
+        self._wake.set()
+        if self._sender is not None:
+            self._sender.join()
+        self._drain_outbox()
+
+    def _drain_outbox(self) -> None:
+        with self._publish_lock:
+            while True:
+                with self._buffer_lock:
+                    if not self._outbox:
+                        return
+                    row = self._outbox.popleft()
+                self._publish(row)
+
+    # -- buffering -----------------------------------------------------------------------------
     def flush(self, *, wait: bool = False) -> None:
         """Write the buffered rows. During a database outage they stay buffered (merged with newer
-        rows) and the next flush tries again; `wait=True` blocks until they are written."""
+        rows) and the next flush tries again; `wait=True` blocks until they are written. Whatever is
+        queued for the live path is published first: a stream never reads a step from the DB before
+        Redis has carried the steps before it."""
+        self._drain_outbox()
+        with self._flush_lock:
+            self._flush_buffer(wait=wait)
+
+    def _flush_buffer(self, *, wait: bool) -> None:
         self._last_flush = time.monotonic()
         if not self._pending:
             return
@@ -289,8 +377,23 @@ class JobReporter:
             self._db_down_since = None
 
     def _write_pending(self) -> None:
-        # the buffer is emptied only after the commit: a failed write keeps every row for the next try
-        pending = self._pending
+        # the rows are taken out of the buffer, and put back (under any newer values of their steps)
+        # if the write fails: a failed write keeps every row for the next try
+        with self._buffer_lock:
+            pending, self._pending = self._pending, {}
+        try:
+            self._write_rows(pending)
+        except BaseException:
+            with self._buffer_lock:
+                for step, entry in self._pending.items():
+                    if step in pending:
+                        pending[step]["values"].update(entry["values"])
+                    else:
+                        pending[step] = entry
+                self._pending = pending
+            raise
+
+    def _write_rows(self, pending: dict[int, dict[str, Any]]) -> None:
         with session_scope() as session:
             # the rows these steps already have (a resumed run re-logs, an evaluation joins its step):
             # one query for the whole buffer, not one per step
@@ -323,22 +426,24 @@ class JobReporter:
                     data={"step": step, **entry["values"]},
                 )
             last = max(pending)
-            tokens = self.last_row.get("trained_tokens")
+            # the tokens of the last step written (not of a newer step the trainer logged meanwhile)
+            tokens = next(
+                (
+                    e["values"]["trained_tokens"]
+                    for _, e in sorted(pending.items(), reverse=True)
+                    if "trained_tokens" in e["values"]
+                ),
+                None,
+            )
             finish = None
             if self._origin is not None and self.total_steps is not None:
                 finish = estimate_finish(
                     now=time.time(), origin=self._origin, step=last, total=self.total_steps
                 )
-            session.execute(
-                update(Job)
-                .where(Job.id == self.job_id)
-                .values(
-                    current_step=last,
-                    trained_tokens=int(tokens) if tokens is not None else None,
-                    estimated_finish=finish,
-                )
-            )
-        self._pending = {}  # the trainer calls us from one thread: nothing was added meanwhile
+            progress: dict[str, Any] = {"current_step": last, "estimated_finish": finish}
+            if tokens is not None:  # an evaluation row alone does not know the step's tokens
+                progress["trained_tokens"] = int(tokens)
+            session.execute(update(Job).where(Job.id == self.job_id).values(**progress))
 
     def _track(self, row: dict[str, float]) -> None:
         for tracker in self.trackers:

@@ -200,7 +200,18 @@ class RedisServer:
             self.proc.wait()
         self.proc = None
 
+    def freeze(self) -> None:
+        """SIGSTOP: the server keeps its sockets open and answers nothing (a hung host, not a down one)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     def close(self) -> None:
+        if self.proc is not None:
+            self.thaw()  # a stopped process does not act on SIGTERM until it runs again
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 

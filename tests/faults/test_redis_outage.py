@@ -14,9 +14,10 @@ import redis
 from service.jobs.stream import channel
 from tests.faults.jobs import StreamReader, assert_ran_once, create_job, wait_metrics
 from tests.faults.servers import FaultStack
-from tests.helpers import chat_rows, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 
 OUTAGE_SECONDS = 3.0
+HUNG_SECONDS = 4.0  # two live-publish timeouts (worker/reporter.py)
 
 
 def test_redis_restart_mid_job(fault_stack: FaultStack) -> None:
@@ -68,6 +69,50 @@ def test_redis_restart_mid_job(fault_stack: FaultStack) -> None:
         f"{resubscribed:.1f}s after the restart; the job trained on (no restart), paused and was "
         f"cancelled {recovered:.1f}s after the stop"
     )
+
+
+def test_a_hung_redis_does_not_stall_a_job(fault_stack: FaultStack) -> None:
+    """Redis stops answering (SIGSTOP) with its sockets open: every live publish hangs until its
+    timeout. The job must train on at its pace and keep writing its metrics to the DB meanwhile (the
+    publish runs on the reporter's sender thread, never on the training thread), and lose no step."""
+    url, _ = fault_stack.start_api()
+    fault_stack.start_worker()
+    key = fault_stack.new_key()
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        train = upload_ok(client, chat_rows(64))
+        running = create_job(client, train, n_epochs=100, batch_size=1, learning_rate=1e-3)
+        wait_metrics(client, running, at_least=1)
+        time.sleep(HUNG_SECONDS)  # the pace before, over as long a window as the hang
+        frozen_at = time.time()
+        fault_stack.redis.freeze()
+        try:
+            step = int(client.get(f"/v1/fine_tuning/jobs/{running}").json()["current_step"])
+            # longer than a publish timeout: the DB must see new steps while every publish hangs
+            while (
+                now := int(client.get(f"/v1/fine_tuning/jobs/{running}").json()["current_step"])
+            ) < step + 3:
+                assert time.time() - frozen_at < 15, f"no step reached the DB while Redis hung ({now})"
+                time.sleep(0.2)
+            time.sleep(max(0.0, frozen_at + HUNG_SECONDS - time.time()))
+        finally:
+            fault_stack.redis.thaw()
+        thawed_at = time.time()
+
+        def logged(since: float, until: float) -> int:
+            rows = all_pages(client, f"/v1/fine_tuning/jobs/{running}/metrics")
+            return sum(1 for m in rows if since <= m["logged_at"] < until)
+
+        deadline = time.monotonic() + 120
+        while not logged(thawed_at, float("inf")):  # every step of the hang is in the DB by then
+            assert time.monotonic() < deadline, "no step was recorded after Redis came back"
+            time.sleep(0.2)
+        before = logged(frozen_at - HUNG_SECONDS, frozen_at)
+        during = logged(frozen_at, frozen_at + HUNG_SECONDS)
+        # a training thread that waited on the publish would stall for a whole timeout at once
+        assert during >= max(3, 0.5 * before), f"{during} steps while Redis hung against {before} before"
+        assert client.post(f"/v1/fine_tuning/jobs/{running}/cancel").status_code == 200
+        assert wait_for(client, running, statuses=("cancelled",), timeout=120)["status"] == "cancelled"
+    print(f"\nredis hung {HUNG_SECONDS:.0f}s: {during} steps trained, against {before} in as long before")
 
 
 def test_jobs_queued_across_a_redis_restart_run_once(fault_stack: FaultStack) -> None:
