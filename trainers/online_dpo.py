@@ -37,7 +37,7 @@ from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import RolloutConfig
 from trainers.entry import Rows
 from trainers.loop import LossSums, PreparedStep
-from trainers.rl import RewardScores, RewardSet, step_completions, train_on_rollouts
+from trainers.rl import RewardScores, RewardSet, eos_penalized, step_completions, train_on_rollouts
 from trainers.rl_losses import online_dpo_loss
 from trainers.rollout import (
     ReusedRollout,
@@ -192,9 +192,7 @@ class OnlineDPORollouts(ReusedRollout[OnlineDPOBatch]):
 
     def _scores(self, rewards: RewardScores, truncated: torch.Tensor) -> torch.Tensor:
         """What the judge compares: the rewards, less ``missing_eos_penalty`` without EOS."""
-        if self.config.missing_eos_penalty is None:
-            return rewards.total
-        return rewards.total - self.config.missing_eos_penalty * truncated.float().cpu()
+        return eos_penalized(rewards.total, truncated, self.config.missing_eos_penalty)
 
 
 # -- entry point ----------------------------------------------------------------------------------------

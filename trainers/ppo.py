@@ -48,6 +48,7 @@ from trainers.modeling import load_model, pick_device
 from trainers.rl import (
     RewardScores,
     RewardSet,
+    eos_penalized,
     frozen_reference,
     reward_evaluator,
     step_completions,
@@ -267,10 +268,9 @@ class PPORollouts:
     def _scores(self, scored: RewardScores, truncated: torch.Tensor) -> torch.Tensor:
         """The score paid at the last token: the rewards (0 where none scored), less
         ``missing_eos_penalty`` without EOS."""
-        scores = torch.nan_to_num(scored.total, nan=0.0)
-        if self.config.missing_eos_penalty is not None:
-            scores = scores - self.config.missing_eos_penalty * truncated.float().cpu()
-        return scores
+        return eos_penalized(
+            torch.nan_to_num(scored.total, nan=0.0), truncated, self.config.missing_eos_penalty
+        )
 
     def prepare(
         self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]], repeat: int

@@ -217,6 +217,18 @@ def completion_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[s
     }
 
 
+def eos_penalized(scores: torch.Tensor, truncated: torch.Tensor, penalty: float | None) -> torch.Tensor:
+    """``scores`` [N] less ``penalty`` where the completion ended without EOS (``truncated`` [N]):
+    PPO's and online DPO's ``missing_eos_penalty``; None leaves the scores as they are.
+
+    >>> eos_penalized(torch.tensor([1.0, 1.0]), torch.tensor([False, True]), 0.5).tolist()
+    [1.0, 0.5]
+    """
+    if penalty is None:
+        return scores
+    return scores - penalty * truncated.float().cpu()
+
+
 @dataclass(frozen=True)
 class StepCompletions:
     """The step's completions on every rank (on one process, its rollout's), for what is taken over the
