@@ -210,15 +210,16 @@ class DPOLoss:
             chosen_lengths=lengths[:n],
             rejected_lengths=lengths[n:],
         )
-        metrics = {
-            "rewards/chosen": chosen_rewards.sum().item(),
-            "rewards/rejected": rejected_rewards.sum().item(),
-            "rewards/accuracies": (chosen_rewards > rejected_rewards).sum().item(),
-            "rewards/margins": (chosen_rewards - rejected_rewards).sum().item(),
-            "logps/chosen": chosen.detach().sum().item(),
-            "logps/rejected": rejected.detach().sum().item(),
+        chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()
+        metrics = {  # tensors: the loop reads them once per step, not once per micro-batch
+            "rewards/chosen": chosen_rewards.sum(),
+            "rewards/rejected": rejected_rewards.sum(),
+            "rewards/accuracies": (chosen_rewards > rejected_rewards).sum().float(),
+            "rewards/margins": (chosen_rewards - rejected_rewards).sum(),
+            "logps/chosen": chosen.detach().sum(),
+            "logps/rejected": rejected.detach().sum(),
         }
-        return LossSums(loss=losses.sum(), metrics={k: float(v) for k, v in metrics.items()})
+        return LossSums(loss=losses.sum(), metrics=metrics)
 
 
 def check_reference(model: torch.nn.Module, ref_model: torch.nn.Module) -> None:

@@ -61,8 +61,8 @@ class ORPOLoss:
             logps[:n], logps[n:], beta=self.beta
         )
         metrics = pair_metrics(out, chosen_rewards, rejected_rewards, logps)
-        metrics["log_odds_ratio"] = float(F.logsigmoid(log_odds).sum().item())
-        metrics["log_odds_chosen"] = float(log_odds.sum().item())
+        metrics["log_odds_ratio"] = F.logsigmoid(log_odds.detach()).sum()
+        metrics["log_odds_chosen"] = log_odds.detach().sum()
         return LossSums(loss=n * out.chosen_nll + losses.sum(), metrics=metrics)
 
 

@@ -68,21 +68,22 @@ def pair_forward(
 
 def pair_metrics(
     out: PairForward, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, logps: torch.Tensor
-) -> dict[str, float]:
+) -> dict[str, float | torch.Tensor]:
     """The metrics every pair method reports, summed over the B pairs (the loop averages them):
-    implicit rewards, accuracy and margin, the log-probs the loss used (``logps`` [2B]), the chosen NLL."""
+    implicit rewards, accuracy and margin, the log-probs the loss used (``logps`` [2B]), the chosen NLL.
+    Scalar tensors: the loop reads them once per step, not once per micro-batch."""
     n = chosen_rewards.shape[0]
     logps = logps.detach()
-    metrics = {
-        "rewards/chosen": chosen_rewards.sum().item(),
-        "rewards/rejected": rejected_rewards.sum().item(),
-        "rewards/accuracies": (chosen_rewards > rejected_rewards).sum().item(),
-        "rewards/margins": (chosen_rewards - rejected_rewards).sum().item(),
-        "logps/chosen": logps[:n].sum().item(),
-        "logps/rejected": logps[n:].sum().item(),
-        "nll_loss": n * out.chosen_nll.item(),
+    chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()
+    return {
+        "rewards/chosen": chosen_rewards.sum(),
+        "rewards/rejected": rejected_rewards.sum(),
+        "rewards/accuracies": (chosen_rewards > rejected_rewards).sum().float(),
+        "rewards/margins": (chosen_rewards - rejected_rewards).sum(),
+        "logps/chosen": logps[:n].sum(),
+        "logps/rejected": logps[n:].sum(),
+        "nll_loss": n * out.chosen_nll.detach(),
     }
-    return {k: float(v) for k, v in metrics.items()}
 
 
 @dataclass

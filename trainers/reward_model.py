@@ -85,13 +85,13 @@ def reward_model_loss(model: torch.nn.Module, batch: PreferenceBatch) -> LossSum
     chosen, rejected = scores[:n], scores[n:]
     losses = pairwise_loss(chosen, rejected, batch.margins)
     chosen, rejected = chosen.detach(), rejected.detach()
-    metrics = {
-        "accuracy": (chosen > rejected).sum().item(),
-        "rewards/chosen": chosen.sum().item(),
-        "rewards/rejected": rejected.sum().item(),
-        "rewards/margins": (chosen - rejected).sum().item(),
+    metrics = {  # tensors: the loop reads them once per step, not once per micro-batch
+        "accuracy": (chosen > rejected).sum().float(),
+        "rewards/chosen": chosen.sum(),
+        "rewards/rejected": rejected.sum(),
+        "rewards/margins": (chosen - rejected).sum(),
     }
-    return LossSums(loss=losses.sum(), metrics={k: float(v) for k, v in metrics.items()})
+    return LossSums(loss=losses.sum(), metrics=metrics)
 
 
 def train_reward_model(

@@ -62,6 +62,7 @@ def live_publisher(redis_url: str) -> Any:
         retry=None,
     )
 
+
 # the keys OpenAI's checkpoint objects carry, mapped from our step rows
 _CHECKPOINT_METRICS = {
     "loss": "train_loss",

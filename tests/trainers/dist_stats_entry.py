@@ -4,7 +4,8 @@
 
 Each rank holds its share of one batch (``share``: rank 0 has 4 completions, rank 1 has 6, and their
 completions have different widths), computes the statistics the online methods take over the whole
-step, and writes them to ``{OUT}.rank{R}.pt``; the test compares them with one process's over the batch.
+step and a step's sampling seed, and writes them to ``{OUT}.rank{R}.pt``; the test compares them with
+one process's over the batch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from trainers import distributed as dist
 from trainers.advantages import group_advantages, masked_whiten
+from trainers.rollout import rollout_seed
 
 ROWS = (4, 6)  # completions per rank (2 per prompt): unequal, as at an epoch's end
 WIDTHS = (5, 3)  # completion width per rank: each rank pads its own rollout
@@ -44,6 +46,8 @@ def main(out: str) -> None:
         "whitened": masked_whiten(advantages, mask, across=dist.sum_tensor),
         "summed": dist.sum_tensor(mask.sum()),
     }
+    torch.manual_seed(0)  # the loop's RNG, the same on every rank
+    result["sampling_seed"] = rollout_seed()
     torch.save(result, f"{out}.rank{rank}.pt")
     dist.shutdown()
 

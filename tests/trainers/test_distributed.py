@@ -10,7 +10,8 @@ logits whole where one process chunks the LM head (``REL_SHARDED``); a gradient 
 ranks instead of summed moves the loss by >1e-2 there too.
 
 The online methods on 2 ranks sample other completions than one process does; their tests check what
-must still hold: the prompts a step covers, its metrics over both ranks, and an exact resume.
+must still hold: the prompts a step covers, its metrics over both ranks, and an exact resume. Sampling
+greedily (top-p keeping one token), 2 ranks draw one process's completions, and PPO's steps equal its.
 """
 
 from __future__ import annotations
@@ -266,6 +267,7 @@ def test_step_statistics_are_taken_over_every_rank(tmp_path: Path) -> None:
     whitening and sums (a rank's own share's would differ: the shares have different statistics)."""
     from tests.trainers.dist_stats_entry import ROWS, share
     from trainers.advantages import group_advantages, masked_whiten
+    from trainers.rollout import rollout_seed
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd += ["--max-restarts=0", "-m", "tests.trainers.dist_stats_entry", str(tmp_path / "stats")]
@@ -290,6 +292,9 @@ def test_step_statistics_are_taken_over_every_rank(tmp_path: Path) -> None:
         own_width = shares[r][1].size(1)
         assert torch.allclose(got["whitened"], whitened[rows, :own_width], atol=1e-5)
         assert torch.allclose(got["summed"], mask.sum())
+    # the ranks share the loop's RNG, but not their sampling seeds: rank 0 draws one process's
+    torch.manual_seed(0)
+    assert ranks[0]["sampling_seed"] == rollout_seed() != ranks[1]["sampling_seed"]
 
 
 # 10 prompts, 2 a micro-batch: 5 micro-batches an epoch, 2 a step (2 ranks, or 2 accumulated in one
@@ -368,6 +373,30 @@ def test_two_rank_online_methods_cover_the_one_process_steps(
     assert all(math.isfinite(row["loss"]) for row in main["steps"])
     assert (other["steps"], other["checkpoints"]) == ([], [])
     assert main["checkpoints"] == [[3, True]]
+
+
+# Nucleus sampling that keeps the top token alone: greedy decoding, whatever the seed. Then 2 ranks
+# sample one process's completions, and PPO's advantage whitening, taken over the whole step, must make
+# their steps one process's. (GRPO, RLOO and online DPO learn nothing from greedy samples: a prompt's
+# completions are all alike, so their advantages are 0; their step statistics are checked above.)
+GREEDY_KEYS = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_rank_greedy_ppo_steps_equal_one_process(
+    strategy: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    base = {**_online_base(tiny_model_path, "ppo"), "top_p": 1e-9}
+    one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
+    reference = in_process("ppo", one, ONLINE_ROWS, None, ONLINE_GRADERS)
+    assert all(row["grad_norm"] > 0 for row in reference.steps[:2])  # it learns from these samples
+    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
+    config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
+    run = {"method": "ppo", "rows": rows, "graders": ONLINE_GRADERS, "strategy": strategy}
+    done, reports = launch(tmp_path, ranks=2, config=config, **run)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    # steps 1 and 2 cover the same prompts on both sides (the last step does not, see above)
+    assert_same_curve(reports[0]["steps"][:2], reference.steps[:2], GREEDY_KEYS, TOLERANCE[strategy])
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
