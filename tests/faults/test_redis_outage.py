@@ -20,18 +20,24 @@ OUTAGE_SECONDS = 3.0
 HUNG_SECONDS = 4.0  # two live-publish timeouts (worker/reporter.py)
 
 
+def _training_long_job(client: httpx.Client) -> str:
+    """A job of 6,400 steps, training by the time this returns: far more than any machine trains while
+    a test watches (CI once trained 240 steps before the stall check; ~120 steps/s here idle)."""
+    running = create_job(
+        client, upload_ok(client, chat_rows(64)), n_epochs=100, batch_size=1, learning_rate=1e-3
+    )
+    wait_metrics(client, running, at_least=1)
+    return running
+
+
 def test_redis_restart_mid_job(fault_stack: FaultStack) -> None:
     url, _ = fault_stack.start_api()
     fault_stack.start_worker()
     key = fault_stack.new_key()
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
-        train = upload_ok(client, chat_rows(64))
-        # 6,400 steps: far more than any machine trains while the test watches (CI once trained 240
-        # steps before the stall check; ~120 steps/s here idle). Once the streams are back on Redis the
-        # job is paused (its trainer writes its last rows and exits), then cancelled: the streams end
-        # then, with nothing written after their end.
-        running = create_job(client, train, n_epochs=100, batch_size=1, learning_rate=1e-3)
-        wait_metrics(client, running, at_least=1)
+        # Once the streams are back on Redis the job is paused (its trainer writes its last rows and
+        # exits), then cancelled: the streams end then, with nothing written after their end.
+        running = _training_long_job(client)
         before = StreamReader(url, key, running)
         time.sleep(0.2)
 
@@ -74,14 +80,12 @@ def test_redis_restart_mid_job(fault_stack: FaultStack) -> None:
 def test_a_hung_redis_does_not_stall_a_job(fault_stack: FaultStack) -> None:
     """Redis stops answering (SIGSTOP) with its sockets open: every live publish hangs until its
     timeout. The job must train on at its pace and keep writing its metrics to the DB meanwhile (the
-    publish runs on the reporter's sender thread, never on the training thread), and lose no step."""
+    publish runs on the reporter's sender thread, never on the training thread)."""
     url, _ = fault_stack.start_api()
     fault_stack.start_worker()
     key = fault_stack.new_key()
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
-        train = upload_ok(client, chat_rows(64))
-        running = create_job(client, train, n_epochs=100, batch_size=1, learning_rate=1e-3)
-        wait_metrics(client, running, at_least=1)
+        running = _training_long_job(client)
         time.sleep(HUNG_SECONDS)  # the pace before, over as long a window as the hang
         frozen_at = time.time()
         fault_stack.redis.freeze()
