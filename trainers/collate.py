@@ -1,18 +1,10 @@
-"""Collate tokenized SFT examples into model inputs: right-padded, or packed into rows of ``max_length``.
+"""Collate tokenized SFT examples into model inputs: right-padded, or packed into rows of ``max_length``
+(``trainers.packing``: best-fit decreasing, ``position_ids`` restarting per example, no attention mask).
 
-Packing bins the examples of a micro-batch into as few rows of at most ``max_length`` tokens as
-best-fit decreasing finds (longest example first, each into the fullest row it still fits), pads the rows
-to the longest one and restarts ``position_ids`` at 0 for each example -- and for each row's padded tail,
-which so becomes a sequence of its own that no example sees -- with no attention mask. From such
-position ids transformers (>= 5) derives a block-diagonal causal mask for the sdpa/eager/flex attention
-paths and ``cu_seqlens`` for flash-attention, so packed examples never attend to one another, provided
-the forward pass gets ``use_cache=False`` (with a KV cache transformers skips that detection).
-tests/trainers/test_packing.py checks that packed and padded batches give the same per-example losses.
-The first token of every example has no target, so no loss crosses an example boundary.
-
-Rows of ``max_length`` rather than one row per micro-batch: attention costs the square of a row's
-length, so a single row of the whole micro-batch (what packing did first) is slower than padding; rows
-of ``max_length`` waste almost no token slots on padding and keep attention at ``max_length``'s square.
+Packed examples never attend to one another provided the forward pass gets ``use_cache=False`` (with a
+KV cache transformers skips the packed-sequence detection). tests/trainers/test_packing.py checks that
+packed and padded batches give the same per-example losses. The first token of every example has no
+target, so no loss crosses an example boundary.
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ import torch
 
 from trainers.data import TokenizedExample
 from trainers.losses import IGNORE_INDEX, target_positions
+from trainers.packing import pack_layout
 
 
 @dataclass(frozen=True)
@@ -68,8 +61,10 @@ def _labels(example: TokenizedExample) -> list[int]:
     return labels
 
 
-def pad_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int) -> SFTBatch:
-    """Right-pad to the longest example."""
+def _padded(
+    examples: Sequence[TokenizedExample], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, labels and attention_mask [B, T], right-padded to the longest example."""
     width = max(len(e.input_ids) for e in examples)
     input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
@@ -79,6 +74,12 @@ def pad_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int) -> SFT
         input_ids[row, :n] = torch.tensor(example.input_ids)
         labels[row, :n] = torch.tensor(_labels(example))
         attention_mask[row, :n] = 1
+    return input_ids, labels, attention_mask
+
+
+def pad_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int) -> SFTBatch:
+    """Right-pad to the longest example."""
+    input_ids, labels, attention_mask = _padded(examples, pad_token_id)
     return SFTBatch(
         input_ids=input_ids,
         labels=labels,
@@ -90,47 +91,18 @@ def pad_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int) -> SFT
     )
 
 
-def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Indices of ``lengths`` grouped into bins of total at most ``capacity`` (an item longer than
-    ``capacity`` gets a bin of its own): longest first, each into the fullest bin it still fits."""
-    bins: list[list[int]] = []
-    free: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        fits = [b for b in range(len(bins)) if free[b] >= lengths[index]]
-        if fits:
-            best = min(fits, key=lambda b: free[b])
-            bins[best].append(index)
-            free[best] -= lengths[index]
-        else:
-            bins.append([index])
-            free.append(capacity - lengths[index])
-    return bins
-
-
 def pack_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int, max_length: int) -> SFTBatch:
-    """Bin into rows of at most ``max_length`` tokens (best-fit decreasing), right-padded to the longest
+    """Bin into rows of at most ``max_length`` tokens (``trainers.packing``), right-padded to the longest
     row; ``position_ids`` restart at 0 for every example and for every row's padded tail."""
-    bins = best_fit_decreasing([len(e.input_ids) for e in examples], max_length)
-    width = max(sum(len(examples[i].input_ids) for i in row) for row in bins)
-    input_ids = torch.full((len(bins), width), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(bins), width), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((len(bins), width), dtype=torch.long)
-    for row, members in enumerate(bins):
-        start = 0
-        for index in members:
-            example = examples[index]
-            end = start + len(example.input_ids)
-            input_ids[row, start:end] = torch.tensor(example.input_ids)
-            labels[row, start:end] = torch.tensor(_labels(example))
-            position_ids[row, start:end] = torch.arange(end - start)
-            start = end
-        position_ids[row, start:] = torch.arange(width - start)  # the padded tail: a sequence of its own
+    input_ids, labels, _ = _padded(examples, pad_token_id)
+    layout = pack_layout([len(e.input_ids) for e in examples], input_ids.shape[1], max_length)
+    packed_labels = layout.pack(labels, fill=IGNORE_INDEX)
     return SFTBatch(
-        input_ids=input_ids,
-        labels=labels,
+        input_ids=layout.pack(input_ids, fill=pad_token_id),
+        labels=packed_labels,
         attention_mask=None,
-        position_ids=position_ids,
+        position_ids=layout.position_ids,
         n_targets=sum(e.n_trainable for e in examples),
         n_inputs=sum(len(e.input_ids) for e in examples),
-        logit_positions=target_positions(labels),
+        logit_positions=target_positions(packed_labels),
     )

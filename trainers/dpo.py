@@ -33,7 +33,15 @@ from trainers.config import TrainingConfig
 from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.example_store import ExampleStore, ExampleWriter
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.modeling import autocast_dtype, load_model, pick_device, row_sums, target_log_probs
+from trainers.modeling import (
+    autocast_dtype,
+    load_model,
+    pick_device,
+    row_sums,
+    runs_packed,
+    target_log_probs,
+)
+from trainers.packing import PackedLayout
 from trainers.preference_data import (
     PreferenceBatch,
     PreferenceExample,
@@ -145,11 +153,16 @@ class CompletionRows(Protocol):
     @property
     def completion_mask(self) -> torch.Tensor: ...  # [N, T] bool
 
+    @property
+    def packed(self) -> PackedLayout | None: ...  # where the decoder may run them packed
+
 
 def policy_log_probs(model: torch.nn.Module, batch: CompletionRows) -> torch.Tensor:
     """[N] summed completion log-probs of the rows (a preference batch: chosen then rejected), in one
     forward pass."""
-    token_logps = target_log_probs(model, batch.input_ids, batch.attention_mask, batch.completion_mask)
+    token_logps = target_log_probs(
+        model, batch.input_ids, batch.attention_mask, batch.completion_mask, packed=batch.packed
+    )
     return row_sums(token_logps, batch.completion_mask)
 
 
@@ -243,13 +256,14 @@ def precompute_reference_log_probs(
     pad_token_id: int,
     device: torch.device,
     compute_dtype: torch.dtype | None = None,
+    pack: bool = False,
 ) -> ExampleStore[PreferenceExample]:
     """``examples`` with their reference log-probs attached, computed ``batch_size`` pairs at a time."""
     out = ExampleWriter(PreferenceExample)
     ctx = partial(torch.autocast, device.type, dtype=compute_dtype) if compute_dtype else nullcontext
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        batch = collate_preferences(chunk, pad_token_id=pad_token_id).to(device)
+        batch = collate_preferences(chunk, pad_token_id=pad_token_id, pack=pack).to(device)
         with ctx():
             logps = reference(batch)
         chosen, rejected = logps[: len(chunk)], logps[len(chunk) :]
@@ -283,6 +297,7 @@ def build_dpo_task(
     if config.precompute_ref_log_probs:
         kwargs: dict[str, Any] = {
             "batch_size": config.batch_size,
+            "pack": runs_packed(model),
             "pad_token_id": pad_id,
             "device": device,
             "compute_dtype": autocast_dtype(config.mixed_precision, device),
@@ -297,7 +312,7 @@ def build_dpo_task(
         loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, None)
     else:
         loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, reference)
-    collate = partial(collate_preferences, pad_token_id=pad_id)
+    collate = partial(collate_preferences, pad_token_id=pad_id, pack=runs_packed(model))
     return TrainingTask(model, tokenizer, train, collate, loss, valid)
 
 

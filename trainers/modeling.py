@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
@@ -22,10 +22,12 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.modeling_layers import GenericForSequenceClassification
 
 from trainers.checkpoint import MODEL_DIR
 from trainers.distributed import local_device
 from trainers.losses import linear_token_nll
+from trainers.packing import PackedLayout
 from trainers.registry import choices
 from trainers.sharding import is_sharded
 
@@ -168,16 +170,32 @@ def load_sequence_classifier(
     return torch.nn.Module.to(model, device)
 
 
-def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
-    """The causal LM's decoder (inputs → final hidden states) and its LM head, for the architectures
-    whose logits are exactly ``hidden @ head.weight.T`` (``PLAIN_HEAD_MODELS``) with a bias-free head not
-    adapted by LoRA. None otherwise (another architecture may scale or soft-cap its logits): the caller
-    then runs the whole model. None as well for a sharded model (FSDP): its head's weight is gathered
-    only inside the model's forward (``trainers.sharding``)."""
+def _unsharded_base(model: torch.nn.Module) -> PreTrainedModel | None:
+    """The transformers model under a LoRA wrapper, if it is one of ``PLAIN_HEAD_MODELS`` and not sharded
+    (FSDP: weights are gathered only inside the model's own forward, ``trainers.sharding``)."""
     if is_sharded(model):
         return None
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     if not isinstance(base, PreTrainedModel) or base.config.model_type not in PLAIN_HEAD_MODELS:
+        return None
+    return base
+
+
+def runs_packed(model: torch.nn.Module) -> bool:
+    """Whether the pair methods pack their batches for ``model`` (``trainers.packing``,
+    ``PreferenceBatch.packed``): where its decoder can run alone (``decoder_and_head``,
+    ``classifier_parts``). Those architectures build their attention masks with transformers'
+    ``create_causal_mask``, which turns packed position ids into per-sequence attention."""
+    return _unsharded_base(model) is not None
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """The causal LM's decoder (inputs → final hidden states) and its LM head, for the architectures
+    whose logits are exactly ``hidden @ head.weight.T`` (``PLAIN_HEAD_MODELS``) with a bias-free head not
+    adapted by LoRA. None otherwise (another architecture may scale or soft-cap its logits): the caller
+    then runs the whole model. None as well for a sharded model."""
+    base = _unsharded_base(model)
+    if base is None:
         return None
     head = base.get_output_embeddings()  # type: ignore[no-untyped-call]
     if type(head) is not torch.nn.Linear or head.bias is not None:
@@ -185,14 +203,55 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     return base.get_decoder(), head
 
 
+class ClassifierParts(NamedTuple):
+    decoder: torch.nn.Module
+    head: torch.nn.Module  # hidden states -> scores
+    pad_token_id: int  # the classifier scores each row's rightmost token that is not this id
+
+
+def classifier_parts(model: torch.nn.Module) -> ClassifierParts | None:
+    """A sequence classifier's decoder and its ``score`` head (LoRA's trained copy under a wrapper), for
+    the ``PLAIN_HEAD_MODELS`` built on transformers' ``GenericForSequenceClassification``, whose forward
+    is exactly ``score(decoder(x))`` pooled at the last non-pad token. None otherwise."""
+    base = _unsharded_base(model)
+    if not isinstance(base, GenericForSequenceClassification):
+        return None
+    pad_token_id = base.config.get_text_config().pad_token_id
+    if not isinstance(pad_token_id, int):
+        return None
+    return ClassifierParts(getattr(base, base.base_model_prefix), base.score, pad_token_id)
+
+
+def decoder_hidden_states(
+    decoder: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed: PackedLayout | None = None,
+) -> torch.Tensor:
+    """[N, T, H] final hidden states of right-padded rows [N, T], computed on their packed layout when
+    one is given (zeros at pad positions then)."""
+    if packed is None:
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden: torch.Tensor = out.last_hidden_state
+        return hidden
+    # no attention mask and no cache: transformers derives per-sequence attention from the position ids
+    out = decoder(input_ids=packed.pack(input_ids), position_ids=packed.position_ids, use_cache=False)
+    return packed.unpack(out.last_hidden_state)
+
+
 def target_log_probs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    target_mask: torch.Tensor,
+    *,
+    packed: PackedLayout | None = None,
 ) -> torch.Tensor:
     """[M] float32 log-probabilities of the target tokens of right-padded rows ``input_ids`` [N, T], in the
     row-major order of ``target_mask`` [N, T] (token t is a target predicted from positions < t; column 0
     never is). Only target positions get logits; on the architectures ``decoder_and_head`` knows, the
     head is applied chunk by chunk (``losses.linear_token_nll``), so their [M, V] logits are never held
-    at once either."""
+    at once either, and the decoder runs on the ``packed`` layout when one is given."""
     mask = target_mask[:, 1:]
     targets = input_ids[:, 1:][mask]
     split = decoder_and_head(model)
@@ -202,7 +261,7 @@ def target_log_probs(
         ).logits
         return logits[:, :-1][mask].float().log_softmax(dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     decoder, head = split
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = decoder_hidden_states(decoder, input_ids, attention_mask, packed)
     nll, _ = linear_token_nll(hidden[:, :-1][mask], head.weight, targets)
     return -nll
 

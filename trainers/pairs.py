@@ -21,7 +21,7 @@ from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import TrainingConfig
 from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.modeling import load_model, pick_device, row_sums, target_log_probs
+from trainers.modeling import load_model, pick_device, row_sums, runs_packed, target_log_probs
 from trainers.preference_data import PreferenceBatch, collate_preferences, tokenize_preference_rows
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def pair_forward(
     nll_targets[:n] = batch.attention_mask[:n].bool() if nll_on_prompt else completions[:n]
     # one pass over the union of both sets of targets
     targets = completions | nll_targets
-    token_logps = target_log_probs(model, batch.input_ids, batch.attention_mask, targets)
+    token_logps = target_log_probs(model, batch.input_ids, batch.attention_mask, targets, packed=batch.packed)
     logps = row_sums(torch.where(completions[:, 1:][targets[:, 1:]], token_logps, 0.0), targets)
     nll_logps = token_logps[nll_targets[:, 1:][targets[:, 1:]]]
     chosen_nll = -nll_logps.sum() / max(nll_logps.numel(), 1)
@@ -134,5 +134,5 @@ def train_on_pairs(
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
     model = load(config, pick_device(), pad_id)
-    collate = partial(collate_preferences, pad_token_id=pad_id)
+    collate = partial(collate_preferences, pad_token_id=pad_id, pack=runs_packed(model))
     return run_training(config, TrainingTask(model, tokenizer, train, collate, loss_fn, valid), callbacks)

@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from trainers.data import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
 from trainers.errors import DataError
 from trainers.example_store import ExampleStore, ExampleWriter
+from trainers.packing import PackedLayout, pack_layout
 
 __all__ = [
     "PreferenceBatch",
@@ -147,7 +148,10 @@ def encode_prompt_completion(
 
 @dataclass(frozen=True)
 class PreferenceBatch:
-    """B pairs as one batch of 2B right-padded rows: the B chosen sequences, then the B rejected ones."""
+    """B pairs as one batch of 2B right-padded rows: the B chosen sequences, then the B rejected ones.
+
+    ``packed``, when set, is where the decoder runs: the 2B rows' real tokens packed into fewer rows
+    (``trainers.packing``); what it returns is unpacked to the [2B, T] layout the losses read."""
 
     input_ids: torch.Tensor  # [2B, T]
     attention_mask: torch.Tensor  # [2B, T]
@@ -157,6 +161,7 @@ class PreferenceBatch:
     ref_rejected_logps: torch.Tensor | None
     n_pairs: int
     n_inputs: int  # real (non-pad) tokens of the 2B rows
+    packed: PackedLayout | None = None
 
     @property
     def loss_denominator(self) -> int:
@@ -178,6 +183,7 @@ class PreferenceBatch:
             margins=self.margins.to(device, non_blocking=True),
             ref_chosen_logps=move(self.ref_chosen_logps),
             ref_rejected_logps=move(self.ref_rejected_logps),
+            packed=self.packed.to(device) if self.packed is not None else None,
         )
 
 
@@ -188,6 +194,7 @@ class SequenceRows:
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]
     completion_mask: torch.Tensor  # [B, T] bool: token t is a completion token (a target)
+    packed: PackedLayout | None = None  # never set yet: KTO's and online DPO's rows run padded
 
     def to(self, device: torch.device) -> SequenceRows:
         return SequenceRows(
@@ -223,12 +230,25 @@ def pad_sequences(rows: Sequence[tuple[list[int], list[int]]], *, pad_token_id: 
     return SequenceRows(input_ids, attention_mask, completion_mask)
 
 
-def collate_preferences(examples: Sequence[PreferenceExample], *, pad_token_id: int) -> PreferenceBatch:
-    """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows."""
-    rows = pad_sequences(
-        [(e.prompt_ids, e.chosen_ids) for e in examples] + [(e.prompt_ids, e.rejected_ids) for e in examples],
-        pad_token_id=pad_token_id,
-    )
+def collate_preferences(
+    examples: Sequence[PreferenceExample], *, pad_token_id: int, pack: bool = False
+) -> PreferenceBatch:
+    """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows; with
+    ``pack``, also lay them out packed into rows no longer than the longest (``PreferenceBatch.packed``).
+
+    Rows of the batch's own width rather than ``max_length``: on the CPU, SmolLM2's reward-model step over
+    8 pairs (16 rows of up to 210 tokens, 66% of them real) took 14.1 s padded, 10.1 s packed into 12
+    rows of 210 and 11.7 s packed into 5 rows of 512 (attention over the wider rows costs more than the
+    few pad slots it saves)."""
+    sequences = [(e.prompt_ids, e.chosen_ids) for e in examples] + [
+        (e.prompt_ids, e.rejected_ids) for e in examples
+    ]
+    rows = pad_sequences(sequences, pad_token_id=pad_token_id)
+    packed = None
+    if pack:
+        lengths = [len(p) + len(c) for p, c in sequences]
+        width = rows.input_ids.shape[1]
+        packed = pack_layout(lengths, width, capacity=width)
     precomputed = all(e.ref_chosen_logp is not None and e.ref_rejected_logp is not None for e in examples)
     return PreferenceBatch(
         input_ids=rows.input_ids,
@@ -239,6 +259,7 @@ def collate_preferences(examples: Sequence[PreferenceExample], *, pad_token_id: 
         ref_rejected_logps=torch.tensor([e.ref_rejected_logp for e in examples]) if precomputed else None,
         n_pairs=len(examples),
         n_inputs=int(rows.attention_mask.sum().item()),
+        packed=packed,
     )
 
 

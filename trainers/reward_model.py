@@ -28,7 +28,14 @@ from transformers import AutoModelForSequenceClassification
 from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.entry import Rows
 from trainers.loop import LossSums
-from trainers.modeling import load_sequence_classifier, load_tokenizer, pick_device
+from trainers.modeling import (
+    classifier_parts,
+    decoder_hidden_states,
+    load_sequence_classifier,
+    load_tokenizer,
+    pick_device,
+)
+from trainers.packing import PackedLayout
 from trainers.pairs import PairConfig, train_on_pairs
 from trainers.preference_data import (
     PreferenceBatch,
@@ -71,17 +78,33 @@ def pairwise_loss(
 
 
 def reward_scores(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    packed: PackedLayout | None = None,
 ) -> torch.Tensor:
-    """[N] float32 scores of right-padded rows (the head's output at each row's last non-pad token)."""
-    logits: torch.Tensor = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    return logits.squeeze(-1).float()
+    """[N] float32 scores of right-padded rows (the head's output at each row's last non-pad token); the
+    decoder runs on the ``packed`` layout when one is given and the model's parts allow it."""
+    parts = classifier_parts(model) if packed is not None else None
+    if parts is None:
+        logits: torch.Tensor = model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).logits
+        return logits.squeeze(-1).float()
+    hidden = decoder_hidden_states(parts.decoder, input_ids, attention_mask, packed)
+    # the token transformers' classifier pools: the rightmost one whose id is not the pad id
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    last = (positions * (input_ids != parts.pad_token_id)).argmax(-1)
+    pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]
+    score: torch.Tensor = parts.head(pooled)
+    return score.squeeze(-1).float()
 
 
 def reward_model_loss(model: torch.nn.Module, batch: PreferenceBatch) -> LossSums:
     """The loop's loss function: summed pairwise losses and metrics of a micro-batch (one unit per pair)."""
     n = batch.n_pairs
-    scores = reward_scores(model, batch.input_ids, batch.attention_mask)
+    scores = reward_scores(model, batch.input_ids, batch.attention_mask, packed=batch.packed)
     chosen, rejected = scores[:n], scores[n:]
     losses = pairwise_loss(chosen, rejected, batch.margins)
     chosen, rejected = chosen.detach(), rejected.detach()

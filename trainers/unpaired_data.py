@@ -35,6 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from trainers.data import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
 from trainers.errors import DataError
 from trainers.example_store import ExampleStore, ExampleWriter
+from trainers.packing import PackedLayout
 from trainers.preference_data import (
     SequenceRows,
     _encode,
@@ -163,6 +164,7 @@ class UnpairedBatch:
     labels: torch.Tensor  # [B] bool: desirable
     kl: SequenceRows  # [B, T'] rows: prompt i + completion i-1 (mod B)
     n_inputs: int  # real (non-pad) tokens of the B training rows
+    packed: PackedLayout | None = None  # never set yet: KTO runs padded
 
     @property
     def loss_denominator(self) -> int:

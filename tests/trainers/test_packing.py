@@ -12,9 +12,10 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder
 from trainers import losses, modeling
-from trainers.collate import SFTBatch, best_fit_decreasing, pack_batch, pad_batch
+from trainers.collate import SFTBatch, pack_batch, pad_batch
 from trainers.data import TokenizedExample, tokenize_sft_rows
 from trainers.losses import IGNORE_INDEX, target_positions, token_cross_entropy
+from trainers.packing import best_fit_decreasing
 from trainers.sft import SFTConfig, sft_loss, train_sft
 
 

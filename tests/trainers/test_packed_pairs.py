@@ -1,0 +1,167 @@
+"""Packed pair batches (``trainers.packing``): the 2B rows of a preference batch run through the decoder
+packed into fewer rows, and every completion log-prob, reward score and gradient equals the right-padded
+forward's; the DPO and reward-model runs pack their batches and train as they do padded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerBase
+
+from tests.trainers.helpers import Recorder
+from trainers import modeling
+from trainers.dpo import DPOConfig, train_dpo
+from trainers.modeling import runs_packed, target_log_probs
+from trainers.packing import PackedLayout, pack_layout
+from trainers.preference_data import PreferenceBatch, collate_preferences, tokenize_preference_rows
+from trainers.reward_model import RewardModelConfig, reward_scores, train_reward_model
+
+# pairs of very different lengths, so that packing puts several sequences in one row
+UNEVEN_ROWS = [
+    {"prompt": "Q: What is the capital of France?\nA:", "chosen": " Paris.", "rejected": " Lyon, I think."},
+    {"prompt": "Tell me more.", "chosen": " The robot read books all night long.", "rejected": " No."},
+    {
+        "prompt": "Name a city in Japan, and say why.",
+        "chosen": " Tokyo.",
+        "rejected": " Kyoto, it has temples.",
+    },
+    {"prompt": "Hi", "chosen": " Hello there, how can I help you today?", "rejected": " Bye."},
+]
+
+
+def test_pack_layout_bins_rows_and_round_trips() -> None:
+    # best-fit decreasing into rows of 6: [row 1] and [row 0, row 2]; positions restart per sequence
+    layout = pack_layout([3, 5, 2], width=5, capacity=6)
+    assert layout.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    padded = torch.tensor([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8], [9, 10, 0, 0, 0]])
+    assert layout.pack(padded, fill=-1).tolist() == [[4, 5, 6, 7, 8], [1, 2, 3, 9, 10]]
+    real = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]).bool()
+    hidden = torch.randn(3, 5, 4) * real[..., None]
+    packed_hidden = torch.stack([layout.pack(hidden[..., k]) for k in range(4)], dim=-1)
+    assert torch.equal(layout.unpack(packed_hidden), hidden)
+    # a padded tail restarts its positions: a sequence of its own that no real token attends to
+    assert pack_layout([2, 1], width=2, capacity=4).position_ids.tolist() == [[0, 1, 0]]
+    with pytest.raises(ValueError, match="1 to 2 tokens"):
+        pack_layout([0, 2], width=2, capacity=4)
+
+
+def _batch(
+    tokenizer: PreTrainedTokenizerBase, pack: bool, pad_token_id: int | None = None
+) -> PreferenceBatch:
+    examples = tokenize_preference_rows(UNEVEN_ROWS, tokenizer, max_length=64)
+    pad_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
+    return collate_preferences(list(examples), pad_token_id=pad_id, pack=pack)
+
+
+def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return grads
+
+
+def _running_positions(layout: PackedLayout) -> PackedLayout:
+    """The control: the same rows with positions running on through each row, so sequences see each other."""
+    rows, width = layout.packed_shape
+    return PackedLayout(layout.padded_shape, layout.slot_of, torch.arange(width).repeat(rows, 1))
+
+
+def test_packed_log_probs_and_gradients_equal_padded(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    padded, packed = _batch(tokenizer, False), _batch(tokenizer, True)
+    assert packed.packed is not None and packed.packed.packed_shape[0] < padded.input_ids.shape[0]
+    mask = padded.completion_mask
+    weights = torch.linspace(0.5, 2.0, int(mask[:, 1:].sum()))  # a different upstream gradient per token
+
+    expected = target_log_probs(model, padded.input_ids, padded.attention_mask, mask)
+    (expected * weights).sum().backward()
+    expected_grads = _gradients(model)
+    ours = target_log_probs(model, packed.input_ids, packed.attention_mask, mask, packed=packed.packed)
+    (ours * weights).sum().backward()
+    assert torch.allclose(ours, expected, atol=1e-5)
+    for name, grad in _gradients(model).items():
+        assert torch.allclose(grad, expected_grads[name], atol=1e-5), name
+
+    with torch.no_grad():
+        crossed = _running_positions(packed.packed)
+        control = target_log_probs(model, packed.input_ids, packed.attention_mask, mask, packed=crossed)
+    assert not torch.allclose(control, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("pad", ["pad", "eos"])
+def test_packed_reward_scores_and_gradients_equal_padded(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, pad: str
+) -> None:
+    """With pad = EOS too (``load_tokenizer``'s choice for a tokenizer without a pad token): transformers'
+    classifier then scores the rightmost token that is not EOS, and so must the packed forward."""
+    pad_id = tokenizer.pad_token_id if pad == "pad" else tokenizer.eos_token_id
+    assert pad == "pad" or pad_id != tokenizer.pad_token_id
+    torch.manual_seed(0)  # the score head is initialised at random
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_path, num_labels=1, pad_token_id=pad_id, dtype=torch.float32
+    )
+    padded, packed = _batch(tokenizer, False, pad_id), _batch(tokenizer, True, pad_id)
+    assert packed.packed is not None and packed.packed.packed_shape[0] < padded.input_ids.shape[0]
+    weights = torch.linspace(0.5, 2.0, padded.input_ids.shape[0])
+
+    expected = reward_scores(model, padded.input_ids, padded.attention_mask)
+    (expected * weights).sum().backward()
+    expected_grads = _gradients(model)
+    ours = reward_scores(model, packed.input_ids, packed.attention_mask, packed=packed.packed)
+    (ours * weights).sum().backward()
+    assert torch.allclose(ours, expected, atol=1e-5)
+    grads = _gradients(model)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], atol=1e-5), name
+
+    with torch.no_grad():
+        crossed = _running_positions(packed.packed)
+        control = reward_scores(model, packed.input_ids, packed.attention_mask, packed=crossed)
+    assert not torch.allclose(control, expected, atol=1e-3)
+
+
+def test_packing_is_for_the_decoders_that_run_alone(
+    tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert runs_packed(model)
+    monkeypatch.setattr(modeling, "PLAIN_HEAD_MODELS", frozenset())  # an architecture it does not know
+    assert not runs_packed(model)
+
+
+@pytest.mark.parametrize(
+    ("train", "make_config"),
+    [(train_dpo, DPOConfig), (train_reward_model, RewardModelConfig)],
+    ids=["dpo", "reward_model"],
+)
+def test_a_packed_run_trains_as_a_padded_one(
+    tiny_model_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    train: Callable[..., Any],
+    make_config: Callable[..., Any],
+) -> None:
+    """Step by step the same losses and metrics; the padded run is the whole-model forward, forced by
+    making the tiny Llama an architecture ``modeling`` does not know."""
+
+    def run(name: str) -> list[dict[str, float]]:
+        recorder = Recorder()
+        config = make_config(
+            model_path=str(tiny_model_path), output_dir=str(tmp_path / name), batch_size=4, max_steps=3
+        )
+        train(config, UNEVEN_ROWS * 3, callbacks=recorder)
+        return recorder.steps
+
+    packed_steps = run("packed")
+    monkeypatch.setattr(modeling, "PLAIN_HEAD_MODELS", frozenset())
+    padded_steps = run("padded")
+    assert len(packed_steps) == len(padded_steps) == 3
+    for ours, expected in zip(packed_steps, padded_steps, strict=True):
+        for key in ("loss", "grad_norm", "trained_tokens"):
+            assert ours[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
