@@ -91,11 +91,15 @@ def pad_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int) -> SFT
     )
 
 
-def pack_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int, max_length: int) -> SFTBatch:
-    """Bin into rows of at most ``max_length`` tokens (``trainers.packing``), right-padded to the longest
-    row; ``position_ids`` restart at 0 for every example and for every row's padded tail."""
+def pack_batch(
+    examples: Sequence[TokenizedExample], *, pad_token_id: int, max_length: int | None
+) -> SFTBatch:
+    """Bin into rows of at most ``max_length`` tokens (``trainers.packing``; None: the longest example's
+    length, so no row is wider than padding would make it), right-padded to the longest row;
+    ``position_ids`` restart at 0 for every example and for every row's padded tail."""
     input_ids, labels, _ = _padded(examples, pad_token_id)
-    layout = pack_layout([len(e.input_ids) for e in examples], input_ids.shape[1], max_length)
+    width = input_ids.shape[1]
+    layout = pack_layout([len(e.input_ids) for e in examples], width, max_length or width)
     packed_labels = layout.pack(labels, fill=IGNORE_INDEX)
     return SFTBatch(
         input_ids=layout.pack(input_ids, fill=pad_token_id),

@@ -28,7 +28,7 @@ from trainers.data import TokenizedExample, tokenize_sft_rows
 from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.loop import LossSums, TrainingTask, run_training
 from trainers.losses import IGNORE_INDEX, linear_cross_entropy, next_token_cross_entropy
-from trainers.modeling import decoder_and_head, load_model, pick_device
+from trainers.modeling import decoder_and_head, load_model, pick_device, runs_packed
 
 if TYPE_CHECKING:
     from trainers.rl import RewardSet
@@ -43,6 +43,9 @@ class SFTConfig(TrainingConfig):
         packing: bin each micro-batch's examples into rows of at most ``max_length`` tokens (best-fit
             decreasing) instead of padding every example to the longest; position ids restart per
             example, so examples do not attend to each other. Same loss as padded batches.
+            Without it, the architectures whose decoder runs alone (``modeling.runs_packed``) still
+            pack, into rows no wider than the micro-batch's longest example: padding-free, with the
+            attention width padding would have.
     """
 
     method: ClassVar[str] = "supervised"
@@ -94,12 +97,11 @@ def train_sft(
     train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
-    if config.packing:
-        collate: Callable[[Sequence[TokenizedExample]], SFTBatch] = partial(
-            pack_batch, pad_token_id=pad_id, max_length=config.max_length
-        )
-    else:
-        collate = partial(pad_batch, pad_token_id=pad_id)
     model = load_model(config, pick_device())
+    collate: Callable[[Sequence[TokenizedExample]], SFTBatch] = partial(pad_batch, pad_token_id=pad_id)
+    if config.packing:
+        collate = partial(pack_batch, pad_token_id=pad_id, max_length=config.max_length)
+    elif runs_packed(model):
+        collate = partial(pack_batch, pad_token_id=pad_id, max_length=None)
     task = TrainingTask(model, tokenizer, train, collate, sft_loss, valid)
     return run_training(config, task, callbacks)

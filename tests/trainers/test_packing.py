@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder
-from trainers import losses, modeling
+from trainers import losses, modeling, sft
 from trainers.collate import SFTBatch, pack_batch, pad_batch
 from trainers.data import TokenizedExample, tokenize_sft_rows
 from trainers.losses import IGNORE_INDEX, target_positions, token_cross_entropy
@@ -139,17 +139,33 @@ def test_loss_at_target_positions_equals_the_full_logits_loss(
         assert torch.allclose(p.grad, full_grads[name], atol=1e-6), name
 
 
+@pytest.mark.parametrize("packing", [True, False], ids=["rows_of_max_length", "rows_of_the_longest"])
 def test_packed_training_matches_padded_training(
-    make_config: Callable[..., SFTConfig], demo_rows: list[dict[str, Any]]
+    make_config: Callable[..., SFTConfig],
+    demo_rows: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    packing: bool,
 ) -> None:
+    """``packing: true`` packs into rows of ``max_length``; without it the tiny Llama (a decoder that runs
+    alone) is still packed, into rows of the micro-batch's longest example. Both train as padded rows."""
     base = str(Path(make_config().output_dir).parent)
     padded, packed = Recorder(), Recorder()
+    capacities: list[int | None] = []
+
+    def spy(examples: Any, *, pad_token_id: int, max_length: int | None) -> SFTBatch:
+        capacities.append(max_length)
+        return pack_batch(examples, pad_token_id=pad_token_id, max_length=max_length)
+
+    monkeypatch.setattr(sft, "pack_batch", spy)
     # max_length 160: several rows per packed micro-batch (and the longest demo rows truncated, alike)
     run = {"use_lora": False, "learning_rate": 1e-3, "max_steps": 4, "max_length": 160}
-    config = make_config(**run, output_dir=f"{base}/padded")
-    train_sft(config, demo_rows, demo_rows[:8], padded)
-    config = make_config(**run, packing=True, output_dir=f"{base}/packed")
+    config = make_config(**run, packing=packing, output_dir=f"{base}/packed")
     train_sft(config, demo_rows, demo_rows[:8], packed)
+    assert capacities and set(capacities) == {160 if packing else None}
+    monkeypatch.setattr(sft, "runs_packed", lambda model: False)  # right-padded rows, an attention mask
+    capacities.clear()
+    train_sft(make_config(**run, output_dir=f"{base}/padded"), demo_rows, demo_rows[:8], padded)
+    assert not capacities
     assert packed.losses == pytest.approx(padded.losses, abs=1e-5)
     assert packed.evals[-1]["valid_loss"] == pytest.approx(padded.evals[-1]["valid_loss"], abs=1e-5)
     assert [r["trained_tokens"] for r in packed.steps] == [r["trained_tokens"] for r in padded.steps]
