@@ -98,9 +98,13 @@ class _LinearTokenNLL(torch.autograd.Function):
             for start in range(0, hidden.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
                 logits = (hidden[rows].to(compute) @ w.T).float()
-                lse[rows] = torch.logsumexp(logits, dim=-1)
-                nll[rows] = lse[rows] - logits.gather(1, targets[rows, None]).squeeze(1)
-                correct[rows] = logits.argmax(dim=-1) == targets[rows]
+                target_logits = logits.gather(1, targets[rows, None]).squeeze(1)
+                best, best_index = logits.max(dim=-1)  # the index of the first maximum, as argmax
+                # log-sum-exp in place: a new [rows, V] tensor per operation cost more in page faults
+                # than the arithmetic (SmolLM2 on the CPU: 170 ms for `exp` against 15 ms for `exp_`)
+                lse[rows] = best + logits.sub_(best[:, None]).exp_().sum(dim=-1).log()
+                nll[rows] = lse[rows] - target_logits
+                correct[rows] = best_index == targets[rows]
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.chunk_rows = chunk_rows  # type: ignore[attr-defined]
         ctx.compute = compute  # type: ignore[attr-defined]
@@ -122,7 +126,7 @@ class _LinearTokenNLL(torch.autograd.Function):
             for start in range(0, hidden.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
                 h = hidden[rows].to(compute)
-                grad_logits = torch.exp((h @ w.T).float() - lse[rows, None])  # softmax
+                grad_logits = (h @ w.T).float().sub_(lse[rows, None]).exp_()  # softmax, in place
                 grad_logits[torch.arange(h.shape[0], device=h.device), targets[rows]] -= 1.0
                 grad_logits *= grad_nll[rows, None]
                 grad_in_compute = grad_logits.to(compute)
