@@ -380,7 +380,14 @@ SUPERVISED = Method(
     hyperparameters=(
         *COMMON,
         _MAX_LENGTH,
-        _p("packing", "bool", False, "bin each micro-batch into rows of max_length (best-fit decreasing)"),
+        _p(
+            "packing",
+            "bool",
+            False,
+            "bin each micro-batch into rows of max_length (best-fit decreasing); without it, "
+            "Llama/Mistral/Qwen2/Qwen3/Phi-3 models still drop the padding (rows no wider than the "
+            "micro-batch's longest example), as the preference methods always do",
+        ),
     ),
     # full fine-tuning moves every weight: a tenth of the adapter's rate
     learning_rates=(2e-4, 2e-5),
