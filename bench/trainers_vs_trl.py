@@ -16,6 +16,10 @@ CPU; on a GPU bf16 autocast, with the frozen LoRA base in bf16 on both sides), n
 no checkpoint saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised
 configs, nothing downloads), and MFU for full fine-tuning (bench/model_flops.py).
 
+Both sides run in the environment a worker gives its trainer processes (``worker.launch.trainer_environment``:
+glibc keeps freed memory for reuse instead of unmapping it); ``--trl-default-allocator`` runs TRL with
+glibc's defaults instead, as a TRL user gets it out of the box.
+
 Throughput is over the optimizer steps after the first (warm-up excluded), end to end (rollout
 generation included for GRPO and PPO); real tokens are the non-pad input tokens of the steps. Time to
 first step runs from the trainer call (model loading and tokenization included) to the end of the first
@@ -65,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.model_flops import H200_BF16_DENSE_PEAK, RowShape, flops_per_real_token
+from worker.launch import trainer_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TUNEHOUSE_BENCH_CACHE", Path.home() / ".cache" / "tunehouse-bench"))
@@ -679,9 +684,16 @@ def sft_flop_rate(model: Path, size: Size, tokens_per_second: float) -> float:
 
 
 # -- the runner -----------------------------------------------------------------------------------------
-def measure(impl: str, method: str, model: str, size: str, seed: int) -> dict[str, Any]:
+def measure(
+    impl: str, method: str, model: str, size: str, seed: int, *, trl_allocator: bool = True
+) -> dict[str, Any]:
+    """One child's result. Ours runs in the environment a worker gives its trainers (glibc told to keep
+    freed memory, worker/launch.py); TRL gets the same unless `trl_allocator` is off, since the setting
+    helps it too and the comparison is of both sides at their best."""
     command = [sys.executable, "-m", "bench.trainers_vs_trl", "--child", impl, method, model, size, str(seed)]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+    if impl == "ours" or trl_allocator:
+        env = trainer_environment(env)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -749,6 +761,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="runs per cell (median); default 3, quick 1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write every measurement to this file")
+    parser.add_argument(
+        "--trl-default-allocator",
+        action="store_true",
+        help="run TRL with glibc's default allocator settings (ours keeps the worker's; see measure())",
+    )
     parser.add_argument("--child", nargs=5, metavar=("IMPL", "METHOD", "MODEL", "SIZE", "SEED"))
     args = parser.parse_args(argv)
     if args.child:
@@ -777,7 +794,9 @@ def main(argv: list[str] | None = None) -> int:
                 for impl in impls:
                     if impl == "trl" and method in PADDED_COUNTERPART:
                         continue
-                    result = measure(impl, method, model, size, args.seed)
+                    result = measure(
+                        impl, method, model, size, args.seed, trl_allocator=not args.trl_default_allocator
+                    )
                     results.append(result)
                     if args.json:  # after every child, so that a run cut short keeps what it measured
                         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")

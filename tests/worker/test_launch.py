@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -90,3 +92,37 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+_FREE_A_LARGE_BLOCK = (
+    "import pathlib, sys\n"
+    "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+    "block = bytearray(b'\\x01') * (256 << 20)\n"  # written, so its pages are resident
+    "held = rss()\n"
+    "del block\n"
+    "pathlib.Path(sys.argv[1]).write_text(str(held - rss()))\n"
+)
+
+
+def test_a_trainer_keeps_freed_memory_for_its_next_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer's allocator keeps a freed 256 MiB block for reuse (no page faults for it next step); the
+    same script started with the worker's own environment gives it back to the kernel at once."""
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)  # a setting of the caller's would win on both sides
+    released = {}
+    for name, start in (
+        ("trainer", launch.start_trainer),
+        ("plain", lambda command: subprocess.Popen(command, env=dict(os.environ))),
+    ):
+        out = tmp_path / name
+        assert start([sys.executable, "-c", _FREE_A_LARGE_BLOCK, str(out)]).wait(timeout=60) == 0
+        released[name] = int(out.read_text()) >> 20
+    assert released["plain"] > 200, released  # the control: glibc's default unmaps it
+    assert released["trainer"] < 16, released
+
+
+def test_an_operators_allocator_setting_wins() -> None:
+    env = launch.trainer_environment({"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    assert launch.trainer_environment({})["GLIBC_TUNABLES"] == launch.TRAINER_MALLOC_TUNABLES
