@@ -15,7 +15,13 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from trainers.collate import SFTBatch, pad_batch
 from trainers.data import tokenize_sft_rows
-from trainers.losses import IGNORE_INDEX, linear_cross_entropy, target_positions, token_cross_entropy
+from trainers.losses import (
+    IGNORE_INDEX,
+    linear_cross_entropy,
+    linear_token_nll,
+    target_positions,
+    token_cross_entropy,
+)
 from trainers.sft import sft_loss
 
 
@@ -151,6 +157,28 @@ def test_linear_cross_entropy_equals_the_cross_entropy_of_the_whole_logits(chunk
     assert sums.n_tokens == 10
     assert torch.allclose(hidden.grad, expected_grads[0], atol=1e-6)
     assert torch.allclose(weight.grad, expected_grads[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_rows", [3, None])
+def test_a_frozen_heads_hidden_gradient_is_taken_in_forward_and_scaled_per_row(
+    chunk_rows: int | None,
+) -> None:
+    """With the head frozen (LoRA), forward takes the hidden states' gradient and backward scales each
+    row by its own upstream gradient: per-row weights (as DPO's per-sequence sums give) must reach the
+    right rows, over uneven chunks and one chunk."""
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(10, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(40, 16, generator=generator)
+    targets = torch.randint(0, 40, (10,), generator=generator)
+    row_weights = torch.randn(10, generator=generator)
+
+    expected = F.cross_entropy(hidden @ weight.T, targets, reduction="none")
+    (expected * row_weights).sum().backward()
+    expected_grad, hidden.grad = hidden.grad.clone(), None
+    nll, _ = linear_token_nll(hidden, weight, targets, chunk_rows=chunk_rows)
+    (nll * row_weights).sum().backward()
+    assert torch.allclose(nll, expected.detach(), atol=1e-6)
+    assert torch.allclose(hidden.grad, expected_grad, atol=1e-6)
 
 
 def test_linear_cross_entropy_with_a_frozen_head_under_autocast() -> None:
