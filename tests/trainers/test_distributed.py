@@ -92,12 +92,16 @@ def in_process(
 
 
 def assert_same_curve(
-    ours: list[dict[str, float]], theirs: list[dict[str, float]], keys: tuple[str, ...], rel: float = REL
+    ours: list[dict[str, float]],
+    theirs: list[dict[str, float]],
+    keys: tuple[str, ...],
+    rel: float = REL,
+    abs_tol: float = 1e-7,
 ) -> None:
     assert [r["step"] for r in ours] == [r["step"] for r in theirs]
     for a, b in zip(ours, theirs, strict=True):
         for key in keys:
-            assert a[key] == pytest.approx(b[key], rel=rel, abs=1e-7), (a["step"], key, a[key], b[key])
+            assert a[key] == pytest.approx(b[key], rel=rel, abs=abs_tol), (a["step"], key, a[key], b[key])
 
 
 @pytest.fixture(scope="module")
@@ -396,7 +400,12 @@ def test_two_rank_greedy_ppo_steps_equal_one_process(
     done, reports = launch(tmp_path, ranks=2, config=config, **run)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     # steps 1 and 2 cover the same prompts on both sides (the last step does not, see above)
-    assert_same_curve(reports[0]["steps"][:2], reference.steps[:2], GREEDY_KEYS, TOLERANCE[strategy])
+    # PPO's policy loss here is a mean of whitened advantages (zero-sum) times ratios within ~1e-6 of 1:
+    # what is left is float32 rounding (~1e-6, 7.4e-7 against 9.3e-7), which any change in the order of
+    # a sum moves; the other keys carry the comparison
+    assert_same_curve(
+        reports[0]["steps"][:2], reference.steps[:2], GREEDY_KEYS, TOLERANCE[strategy], abs_tol=2e-6
+    )
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
