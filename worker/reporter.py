@@ -6,7 +6,9 @@ on Redis (`tunehouse:job:<id>`) the moment it is logged, when Redis is configure
 Both the publish and the timed flush run on the reporter's own thread (`_send_loop`): the training
 thread only buffers a row and wakes it, so a step never waits on Redis or PostgreSQL round trips. The
 writes that must land before the trainer goes on (an epoch's end, a checkpoint, the end of training)
-flush from the training thread, after publishing what is queued so that the live path keeps step order.
+flush from the training thread, which never publishes itself: a Redis that hangs holds up only the
+sender. So at such a flush the DB may get a few rows before Redis carries them; a stream takes each
+step once, from whichever path brings it first (service/jobs/stream.py), so nothing is lost or doubled.
 
 A database outage does not stop training: rows stay in the buffer until a flush succeeds (none is
 lost), cancel checks are skipped, and events and checkpoint records wait for the database (bounded by
@@ -344,10 +346,10 @@ class JobReporter:
     # -- buffering -----------------------------------------------------------------------------
     def flush(self, *, wait: bool = False) -> None:
         """Write the buffered rows. During a database outage they stay buffered (merged with newer
-        rows) and the next flush tries again; `wait=True` blocks until they are written. Whatever is
-        queued for the live path is published first: a stream never reads a step from the DB before
-        Redis has carried the steps before it."""
-        self._drain_outbox()
+        rows) and the next flush tries again; `wait=True` blocks until they are written. The live path
+        is left to the sender, which publishes what it has queued before its own flushes: a training
+        thread that drained it here would wait out every publish to a hung Redis (a whole timeout at
+        each epoch's end)."""
         with self._flush_lock:
             self._flush_buffer(wait=wait)
 
