@@ -10,6 +10,7 @@ from fastapi import Depends, FastAPI
 from service.base_models.routes import router as models_router
 from service.config import get_settings
 from service.dashboard.routes import mount_dashboard
+from service.db import dispose_async_engine
 from service.db_slots import size_threadpool
 from service.dependencies import reject_unsafe_url
 from service.errors import install_error_handlers
@@ -31,6 +32,7 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     install_drain_on_signals()  # here, not at import: the server has installed its handlers by now
     size_threadpool()
     yield
+    await dispose_async_engine()
 
 
 def create_app() -> FastAPI:

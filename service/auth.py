@@ -19,10 +19,9 @@ from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from service import key_cache
-from service.dependencies import SessionDep
+from service.dependencies import read_only
 from service.errors import NotFound, Unauthorized
 from service.ids import new_id, now
 from service.models import ApiKey, Tenant
@@ -154,7 +153,7 @@ _bearer = HTTPBearer(
 
 
 async def _current_tenant(
-    session: SessionDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Tenant:
     if credentials is None:
         raise Unauthorized(
@@ -164,10 +163,11 @@ async def _current_tenant(
         )
     key = credentials.credentials.strip()
     lookup = _lookup_part(key)
-    # a cached key costs no thread and no query; otherwise its row is read in a thread, on the
-    # request's session (which holds a database slot, so the read never waits for the pool)
+    # a cached key costs no thread and no query; otherwise its row is read on a session of its own,
+    # which holds a database slot only for that read (a slot held for the whole request would
+    # deadlock a route that reads with read_only: every slot held, each request waiting for a second)
     cached = key_cache.get(lookup, _hash(key)) if lookup else None
-    return cached if cached is not None else await run_in_threadpool(authenticate, session, key)
+    return cached if cached is not None else await read_only(lambda session: authenticate(session, key))
 
 
 TenantDep = Annotated[Tenant, Depends(_current_tenant)]

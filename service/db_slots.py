@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 
 import anyio
 import anyio.to_thread
@@ -33,6 +34,8 @@ from service.errors import ServiceUnavailable
 SPARE_THREADS = 16
 
 _slots: anyio.Semaphore | None = None
+# whether the running task holds a slot
+_holding: ContextVar[bool] = ContextVar("tunehouse_db_slot_held", default=False)
 
 
 def _semaphore() -> anyio.Semaphore:
@@ -50,7 +53,16 @@ def size_threadpool() -> None:
 
 @asynccontextmanager
 async def db_slot() -> AsyncIterator[None]:
-    """Hold one of the pool's slots: the caller may then check a connection out without waiting."""
+    """Hold one of the pool's slots: the caller may then check a connection out without waiting.
+
+    A request holds at most one: a read inside a request that holds a slot already (the API key's
+    lookup under a route's session) uses it. Were it to wait for a second, requests holding every slot
+    would each wait for another, and none would come free until the timeout. The slot stands for one
+    connection of each pool (the request session's and the async reads'), both sized `db_pool_size`.
+    """
+    if _holding.get():
+        yield
+        return
     slots = _semaphore()
     timeout = get_settings().db_pool_timeout_seconds
     try:
@@ -61,7 +73,9 @@ async def db_slot() -> AsyncIterator[None]:
             f"The database is busy: no connection came free within {timeout:g} s; retry shortly.",
             code="database_busy",
         ) from exc
+    _holding.set(True)  # seen by what this task runs next (each request is a task of its own)
     try:
         yield
     finally:
+        _holding.set(False)
         slots.release()

@@ -4,6 +4,9 @@ The request session is an async dependency on purpose: it waits for a database s
 (service/db_slots.py) and creates the session there (no I/O: the connection is checked out by the
 first query, in the same threadpool hop as the route's work); only the commit takes a thread.
 Dependencies that do no I/O are `async def` too, so they cost no threadpool hop.
+
+`read_only` is the path of the hot reads (a job's status, a key's tenant): no request session and no
+thread; the read runs on the event loop through the async driver and holds a slot only while it reads.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.config import Settings, get_settings
-from service.db import get_sessionmaker
+from service.db import get_async_sessionmaker, get_sessionmaker
 from service.db_slots import db_slot
 from service.errors import BadRequest
 from service.input_guard import text_problem
@@ -36,18 +39,33 @@ def _commit(session: Session) -> None:
 T = TypeVar("T")
 
 
-def _commit_after(session: Session, work: Callable[[], T]) -> T:
-    result = work()
-    session.commit()
-    return result
+def _read_in_thread(work: Callable[[Session], T]) -> T:
+    session = get_sessionmaker()()
+    try:
+        result = work(session)
+        session.commit()
+        return result
+    finally:
+        session.close()
 
 
-async def read_in_one_hop(session: Session, work: Callable[[], T]) -> T:
-    """For `async def` read routes: run `work` (which uses `session`) and end its transaction in one
-    threadpool hop, so the pooled connection is back before the response is built and the request
-    spends no second hop on the commit (a sync route takes three: the route, FastAPI's response
-    validation, the commit)."""
-    return await run_in_threadpool(_commit_after, session, work)
+async def read_only(work: Callable[[Session], T]) -> T:
+    """For `async def` read routes: run `work` on a session of its own, on the event loop through the
+    async driver (no thread at all: a threadpool hop and the thread switches it causes were a third of
+    the CPU of a read, docs/benchmarks.md), in a thread where there is no async driver (SQLite).
+    `work` is plain synchronous ORM code; SQLAlchemy runs it in a greenlet that awaits each query."""
+    async with db_slot():
+        maker = get_async_sessionmaker()
+        if maker is None:
+            return await run_in_threadpool(_read_in_thread, work)
+        session = maker()
+        try:
+            result = await session.run_sync(work)
+            await session.commit()
+            return result
+        finally:
+            with anyio.CancelScope(shield=True):  # a disconnected client must not leak the connection
+                await session.close()
 
 
 def _rollback(session: Session) -> None:
@@ -69,7 +87,7 @@ async def _session() -> AsyncIterator[Session]:
             with anyio.CancelScope(shield=True):  # a disconnected client must not leak the connection
                 await run_in_threadpool(_rollback, session)
             raise
-        if not session.in_transaction():  # read_in_one_hop ended it: nothing to send, no thread needed
+        if not session.in_transaction():  # the route used no database: nothing to send, no thread needed
             session.close()
             return
         with anyio.CancelScope(shield=True):

@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from service.auth import TenantDep
-from service.dependencies import SessionDep, SettingsDep, read_in_one_hop
+from service.dependencies import SessionDep, SettingsDep, read_only
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
 from service.jobs import creation, service, transitions
@@ -55,10 +55,10 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobObject, responses=_JOB)
-async def retrieve_job(job_id: str, session: SessionDep, tenant: TenantDep) -> JobObject:
-    # the call a polling dashboard makes most: one threadpool hop (bench/test_api_throughput.py)
-    return await read_in_one_hop(
-        session, lambda: _object(session, service.get_job(session, tenant=tenant, job_id=job_id))
+async def retrieve_job(job_id: str, tenant: TenantDep) -> JobObject:
+    # the call a polling dashboard makes most: no thread (bench/test_api_throughput.py)
+    return await read_only(
+        lambda session: _object(session, service.get_job(session, tenant=tenant, job_id=job_id))
     )
 
 

@@ -94,9 +94,10 @@ def _run_locked(job_url: str, key: str, n: int, seconds: float) -> list[httpx.Re
 
 
 def test_requests_beyond_the_pool_queue_and_all_succeed_while_healthz_answers() -> None:
-    # No key cache: every request reads its key in one threadpool hop and its job in another, the shape
-    # that starved the pool. With admission the burst is served in seconds once the lock goes; without
-    # it the threads deadlock on the pool and the requests fail at its (generous) timeout.
+    # No key cache: every request reads its key, then its job, each read holding a slot while it runs.
+    # Before admission, threads blocked on the pool for connections held by requests waiting for
+    # threads; a slot held across both reads would deadlock the slots the same way. Either way the
+    # requests fail at the (generous) timeout; with admission the burst is served once the lock goes.
     with server(pool_size=2, pool_timeout=20, auth_cache=0) as (job_url, key):
         answers = _run_locked(job_url, key, CONCURRENT, seconds=3.0)
         statuses = [r.status_code for r in answers]
