@@ -20,12 +20,10 @@ from sqlalchemy import select
 
 from service.config import get_settings
 from service.db import session_scope
-from service.ids import new_id
-from service.models import Job, JobMetric, Tenant
+from service.models import Job, JobMetric
 from service.storage import LocalBlobStore
+from tests.helpers import job_row, new_tenant
 from worker.reporter import JobReporter
-
-TENANT = "tenant-hung-redis"
 
 
 class HungRedis:
@@ -59,36 +57,23 @@ def hung_redis() -> Iterator[HungRedis]:
     server.release()
 
 
-def _running_job() -> str:
-    job_id = new_id("ftjob")
+def _running_job() -> tuple[str, str]:
+    """A running job's row (and its tenant's id); a heartbeat far ahead, so no reconciler of another
+    test's worker takes it for stale."""
+    tenant = new_tenant("hung-redis")
+    row = job_row(tenant.id, status="running", worker_id="w", heartbeat_at=time.time() + 10**6)
     with session_scope() as session:
-        if session.get(Tenant, TENANT) is None:
-            session.add(Tenant(id=TENANT, name="hung-redis-test"))
-            session.flush()
-        # a heartbeat far ahead: no reconciler of another test's worker takes this job for stale
-        session.add(
-            Job(
-                id=job_id,
-                tenant_id=TENANT,
-                model="m",
-                training_file="f",
-                method={"type": "supervised"},
-                seed=0,
-                status="running",
-                worker_id="w",
-                heartbeat_at=time.time() + 10**6,
-            )
-        )
-    return job_id
+        session.add(row)
+    return row.id, tenant.id
 
 
 def test_an_epochs_flush_does_not_wait_on_a_hung_publish(hung_redis: HungRedis, tmp_path: Path) -> None:
-    job_id = _running_job()
+    job_id, tenant_id = _running_job()
     # a publish timeout far longer than the test: the publish hangs for as long as the server says
     publisher = redis.Redis(host="127.0.0.1", port=hung_redis.port, socket_timeout=600, retry=None)
     reporter = JobReporter(
         job_id=job_id,
-        tenant_id=TENANT,
+        tenant_id=tenant_id,
         worker_id="w",
         fine_tuned_model="ft:x",
         settings=get_settings().model_copy(update={"metrics_flush_seconds": 3600.0}),
