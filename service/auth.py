@@ -164,8 +164,8 @@ async def _current_tenant(
     key = credentials.credentials.strip()
     lookup = _lookup_part(key)
     # a cached key costs no thread and no query; otherwise its row is read on a session of its own,
-    # which holds a database slot only for that read (a slot held for the whole request would
-    # deadlock a route that reads with read_only: every slot held, each request waiting for a second)
+    # holding a database slot only while it reads (or the slot its request holds already): a route
+    # that needs no request session, like a job's read, opens none
     cached = key_cache.get(lookup, _hash(key)) if lookup else None
     return cached if cached is not None else await read_only(lambda session: authenticate(session, key))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import get_settings
@@ -50,16 +50,19 @@ def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 20) -> Eng
     # (`_replace_if_hung_up`), so the API recovers by itself when the database is back. The API admits
     # at most pool_size requests to the database (service/db_slots.py); the overflow serves what runs
     # outside a request (reconciler, a failed send recorded at commit).
-    connect_args = {"connect_timeout": 5} if url.startswith("postgresql") else {}
-    engine = create_engine(
-        url,
-        pool_size=pool_size,
-        max_overflow=max_overflow,
-        pool_timeout=get_settings().db_pool_timeout_seconds,
-        connect_args=connect_args,
-    )
+    engine = create_engine(url, **_server_pool(url, pool_size=pool_size, max_overflow=max_overflow))
     event.listen(engine, "checkout", _replace_if_hung_up)
     return engine
+
+
+def _server_pool(url: str, *, pool_size: int, max_overflow: int) -> dict[str, Any]:
+    """The pool options of a database server's engine, sync or async (see make_engine)."""
+    return {
+        "pool_size": pool_size,
+        "max_overflow": max_overflow,
+        "pool_timeout": get_settings().db_pool_timeout_seconds,
+        "connect_args": {"connect_timeout": 5} if url.startswith("postgresql") else {},
+    }
 
 
 def server_hung_up(dbapi_connection: Any) -> bool:
@@ -100,30 +103,30 @@ def get_sessionmaker() -> sessionmaker[Session]:
 
 
 @lru_cache
-def get_async_sessionmaker() -> async_sessionmaker[AsyncSession] | None:
-    """Sessions on the event loop, for the API's hot reads (service.dependencies.read_only): the same
-    database through psycopg's async connections, so a read takes no thread. None for SQLite (the
-    embedded server has no async driver; its reads take a thread)."""
+def get_async_engine() -> AsyncEngine | None:
+    """The same database through psycopg's async connections, for the API's hot reads
+    (service.dependencies.read_only): a read takes no thread. None for SQLite (the embedded server has
+    no async driver; its reads take a thread)."""
     settings = get_settings()
     if not settings.database_url.startswith("postgresql+psycopg"):
         return None
-    engine = create_async_engine(
-        settings.database_url,
-        pool_size=settings.db_pool_size,
-        max_overflow=0,  # db_slots admits at most db_pool_size requests
-        pool_timeout=settings.db_pool_timeout_seconds,
-        connect_args={"connect_timeout": 5},
-    )
+    # no overflow: db_slots admits at most db_pool_size requests
+    options = _server_pool(settings.database_url, pool_size=settings.db_pool_size, max_overflow=0)
+    engine = create_async_engine(settings.database_url, **options)
     event.listen(engine.sync_engine, "checkout", _replace_if_hung_up)
-    return async_sessionmaker(engine, expire_on_commit=False)
+    return engine
+
+
+@lru_cache
+def get_async_sessionmaker() -> async_sessionmaker[AsyncSession] | None:
+    engine = get_async_engine()
+    return None if engine is None else async_sessionmaker(engine, expire_on_commit=False)
 
 
 async def dispose_async_engine() -> None:
     """At the API's shutdown: close the async pool's connections on the loop that opened them."""
-    if get_async_sessionmaker.cache_info().currsize:
-        maker = get_async_sessionmaker()
-        if maker is not None:
-            await maker.kw["bind"].dispose()
+    if get_async_engine.cache_info().currsize and (engine := get_async_engine()) is not None:
+        await engine.dispose()
 
 
 @contextmanager

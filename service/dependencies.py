@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.config import Settings, get_settings
-from service.db import get_async_sessionmaker, get_sessionmaker
+from service.db import get_async_sessionmaker, get_sessionmaker, session_scope
 from service.db_slots import db_slot
 from service.errors import BadRequest
 from service.input_guard import text_problem
@@ -40,13 +40,8 @@ T = TypeVar("T")
 
 
 def _read_in_thread(work: Callable[[Session], T]) -> T:
-    session = get_sessionmaker()()
-    try:
-        result = work(session)
-        session.commit()
-        return result
-    finally:
-        session.close()
+    with session_scope() as session:
+        return work(session)
 
 
 async def read_only(work: Callable[[Session], T]) -> T:

@@ -6,9 +6,10 @@ on Redis (`tunehouse:job:<id>`) the moment it is logged, when Redis is configure
 Both the publish and the timed flush run on the reporter's own thread (`_send_loop`): the training
 thread only buffers a row and wakes it, so a step never waits on Redis or PostgreSQL round trips. The
 writes that must land before the trainer goes on (an epoch's end, a checkpoint, the end of training)
-flush from the training thread, which never publishes itself: a Redis that hangs holds up only the
-sender. So at such a flush the DB may get a few rows before Redis carries them; a stream takes each
-step once, from whichever path brings it first (service/jobs/stream.py), so nothing is lost or doubled.
+flush from the training thread, which leaves publishing to the sender (only `close`, once training is
+over, publishes what the sender left): a Redis that hangs holds up only the sender. So at such a
+flush the DB may get a few rows before Redis carries them; a stream takes each step once, from
+whichever path brings it first (service/jobs/stream.py), so nothing is lost or doubled.
 
 A database outage does not stop training: rows stay in the buffer until a flush succeeds (none is
 lost), cancel checks are skipped, and events and checkpoint records wait for the database (bounded by
