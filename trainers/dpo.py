@@ -36,12 +36,12 @@ from trainers.loop import LossSums, TrainingTask, run_training
 from trainers.modeling import (
     autocast_dtype,
     load_model,
+    pair_packing,
     pick_device,
     row_sums,
-    runs_packed,
     target_log_probs,
 )
-from trainers.packing import PackedLayout
+from trainers.packing import PackedLayout, PairPacking
 from trainers.preference_data import (
     PreferenceBatch,
     PreferenceExample,
@@ -256,7 +256,7 @@ def precompute_reference_log_probs(
     pad_token_id: int,
     device: torch.device,
     compute_dtype: torch.dtype | None = None,
-    pack: bool = False,
+    pack: PairPacking = PairPacking.PADDED,
 ) -> ExampleStore[PreferenceExample]:
     """``examples`` with their reference log-probs attached, computed ``batch_size`` pairs at a time."""
     out = ExampleWriter(PreferenceExample)
@@ -297,7 +297,7 @@ def build_dpo_task(
     if config.precompute_ref_log_probs:
         kwargs: dict[str, Any] = {
             "batch_size": config.batch_size,
-            "pack": runs_packed(model),
+            "pack": pair_packing(model),
             "pad_token_id": pad_id,
             "device": device,
             "compute_dtype": autocast_dtype(config.mixed_precision, device),
@@ -312,7 +312,7 @@ def build_dpo_task(
         loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, None)
     else:
         loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, reference)
-    collate = partial(collate_preferences, pad_token_id=pad_id, pack=runs_packed(model))
+    collate = partial(collate_preferences, pad_token_id=pad_id, pack=pair_packing(model))
     return TrainingTask(model, tokenizer, train, collate, loss, valid)
 
 

@@ -27,7 +27,7 @@ from transformers.modeling_layers import GenericForSequenceClassification
 from trainers.checkpoint import MODEL_DIR
 from trainers.distributed import local_device
 from trainers.losses import linear_token_nll
-from trainers.packing import PackedLayout
+from trainers.packing import PackedLayout, PairPacking
 from trainers.registry import choices
 from trainers.sharding import is_sharded
 
@@ -189,6 +189,20 @@ def runs_packed(model: torch.nn.Module) -> bool:
     return _unsharded_base(model) is not None
 
 
+def pair_packing(model: torch.nn.Module) -> PairPacking:
+    """How the pair methods run a preference batch through ``model``'s decoder: each pair's prompt once
+    where its attention is sdpa, which takes ``shared_prompt_layout``'s boolean mask as it is (eager would
+    add it to the scores, flash attention has no mask, flex wants a block mask); else packed sequences
+    where ``runs_packed``; else padded."""
+    if not runs_packed(model):
+        return PairPacking.PADDED
+    base = _unsharded_base(model)
+    assert base is not None
+    if base.config._attn_implementation == "sdpa":
+        return PairPacking.SHARED_PROMPTS
+    return PairPacking.SEQUENCES
+
+
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     """The causal LM's decoder (inputs → final hidden states) and its LM head, for the architectures
     whose logits are exactly ``hidden @ head.weight.T`` (``PLAIN_HEAD_MODELS``) with a bias-free head not
@@ -234,8 +248,14 @@ def decoder_hidden_states(
         out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         hidden: torch.Tensor = out.last_hidden_state
         return hidden
-    # no attention mask and no cache: transformers derives per-sequence attention from the position ids
-    out = decoder(input_ids=packed.pack(input_ids), position_ids=packed.position_ids, use_cache=False)
+    # no cache, and no attention mask unless the layout brings one: transformers then derives
+    # per-sequence attention from the position ids (a 4D mask it takes as it is)
+    out = decoder(
+        input_ids=packed.pack(input_ids),
+        position_ids=packed.position_ids,
+        attention_mask=packed.attention,
+        use_cache=False,
+    )
     return packed.unpack(out.last_hidden_state)
 
 

@@ -21,7 +21,7 @@ from trainers.callbacks import TrainingCallbacks, TrainResult
 from trainers.config import TrainingConfig
 from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.loop import LossSums, TrainingTask, run_training
-from trainers.modeling import load_model, pick_device, row_sums, runs_packed, target_log_probs
+from trainers.modeling import load_model, pair_packing, pick_device, row_sums, target_log_probs
 from trainers.preference_data import PreferenceBatch, collate_preferences, tokenize_preference_rows
 
 if TYPE_CHECKING:
@@ -134,5 +134,5 @@ def train_on_pairs(
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
     model = load(config, pick_device(), pad_id)
-    collate = partial(collate_preferences, pad_token_id=pad_id, pack=runs_packed(model))
+    collate = partial(collate_preferences, pad_token_id=pad_id, pack=pair_packing(model))
     return run_training(config, TrainingTask(model, tokenizer, train, collate, loss_fn, valid), callbacks)

@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from trainers.data import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
 from trainers.errors import DataError
 from trainers.example_store import ExampleStore, ExampleWriter
-from trainers.packing import PackedLayout, pack_layout
+from trainers.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 
 __all__ = [
     "PreferenceBatch",
@@ -231,10 +231,15 @@ def pad_sequences(rows: Sequence[tuple[list[int], list[int]]], *, pad_token_id: 
 
 
 def collate_preferences(
-    examples: Sequence[PreferenceExample], *, pad_token_id: int, pack: bool = False
+    examples: Sequence[PreferenceExample],
+    *,
+    pad_token_id: int,
+    pack: PairPacking = PairPacking.PADDED,
 ) -> PreferenceBatch:
-    """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows; with
-    ``pack``, also lay them out packed into rows no longer than the longest (``PreferenceBatch.packed``).
+    """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows; unless
+    ``pack`` is ``PADDED``, also lay them out packed (``PreferenceBatch.packed``): as sequences into rows
+    no longer than the longest, or with each pair's prompt once into rows no longer than the longest of
+    those and the longest pair.
 
     Rows of the batch's own width rather than ``max_length``: on the CPU, SmolLM2's reward-model step over
     8 pairs (16 rows of up to 210 tokens, 66% of them real) took 14.1 s padded, 10.1 s packed into 12
@@ -244,11 +249,17 @@ def collate_preferences(
         (e.prompt_ids, e.rejected_ids) for e in examples
     ]
     rows = pad_sequences(sequences, pad_token_id=pad_token_id)
+    width = rows.input_ids.shape[1]
     packed = None
-    if pack:
-        lengths = [len(p) + len(c) for p, c in sequences]
-        width = rows.input_ids.shape[1]
-        packed = pack_layout(lengths, width, capacity=width)
+    if pack is PairPacking.SEQUENCES:
+        packed = pack_layout([len(p) + len(c) for p, c in sequences], width, capacity=width)
+    elif pack is PairPacking.SHARED_PROMPTS:
+        packed = shared_prompt_layout(
+            [len(e.prompt_ids) for e in examples],
+            [len(e.chosen_ids) for e in examples],
+            [len(e.rejected_ids) for e in examples],
+            width,
+        )
     precomputed = all(e.ref_chosen_logp is not None and e.ref_rejected_logp is not None for e in examples)
     return PreferenceBatch(
         input_ids=rows.input_ids,

@@ -1,6 +1,7 @@
 """Packed pair batches (``trainers.packing``): the 2B rows of a preference batch run through the decoder
-packed into fewer rows, and every completion log-prob, reward score and gradient equals the right-padded
-forward's; the DPO and reward-model runs pack their batches and train as they do padded."""
+packed into fewer rows, as sequences or with each pair's prompt once, and every completion log-prob,
+reward score and gradient equals the right-padded forward's; the DPO and reward-model runs pack their
+batches and train as they do padded."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from tests.trainers.helpers import Recorder
 from trainers import modeling
 from trainers.dpo import DPOConfig, train_dpo
-from trainers.modeling import runs_packed, target_log_probs
-from trainers.packing import PackedLayout, pack_layout
+from trainers.modeling import pair_packing, runs_packed, target_log_probs
+from trainers.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 from trainers.preference_data import PreferenceBatch, collate_preferences, tokenize_preference_rows
 from trainers.reward_model import RewardModelConfig, reward_scores, train_reward_model
 
@@ -49,8 +50,37 @@ def test_pack_layout_bins_rows_and_round_trips() -> None:
         pack_layout([0, 2], width=2, capacity=4)
 
 
+PACKINGS = [PairPacking.SEQUENCES, PairPacking.SHARED_PROMPTS]
+
+
+def test_shared_prompt_layout_runs_each_prompt_once() -> None:
+    # pairs (prompt, chosen, rejected) of (2, 1, 1) and (1, 2, 1) tokens; the 2B rows padded to 3
+    layout = shared_prompt_layout([2, 1], [1, 2], [1, 1], width=3)
+    chosen_rows, rejected_rows = [[1, 2, 3], [6, 7, 8]], [[1, 2, 4], [6, 9, 0]]
+    padded = torch.tensor(chosen_rows + rejected_rows)
+    assert layout.pack(padded, fill=-1).tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
+    # the rejected tokens' positions continue from the prompt, not from the chosen ones
+    assert layout.position_ids.tolist() == [[0, 1, 2, 2], [0, 1, 2, 1]]
+    # each completion sees its prompt and itself; the rejected one never sees the chosen
+    assert layout.attention is not None
+    assert layout.attention[:, 0].int().tolist() == [
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]],
+        [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]],
+    ]
+    # unpacking gives each row its prompt's slots: the shared prompt reaches both rows of a pair
+    real = padded != 0
+    assert torch.equal(layout.unpack(layout.pack(padded)[..., None])[..., 0], padded * real)
+    # short pairs share a row (up to the longest pair or the rows' width); the padded tail is its own
+    wide = shared_prompt_layout([1, 1, 1], [1, 1, 2], [1, 1, 1], width=6)
+    assert wide.position_ids.tolist() == [[0, 1, 2, 1, 0, 1], [0, 1, 1, 0, 1, 1]]
+    assert wide.attention is not None
+    assert wide.attention[0, 0, 4:, :4].sum() == 0 and wide.attention[1, 0, 3:, :3].sum() == 0
+    with pytest.raises(ValueError, match="a completion token on each side"):
+        shared_prompt_layout([1], [1], [0], width=2)
+
+
 def _batch(
-    tokenizer: PreTrainedTokenizerBase, pack: bool, pad_token_id: int | None = None
+    tokenizer: PreTrainedTokenizerBase, pack: PairPacking, pad_token_id: int | None = None
 ) -> PreferenceBatch:
     examples = tokenize_preference_rows(UNEVEN_ROWS, tokenizer, max_length=64)
     pad_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
@@ -64,16 +94,18 @@ def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _running_positions(layout: PackedLayout) -> PackedLayout:
-    """The control: the same rows with positions running on through each row, so sequences see each other."""
+    """The control: the same rows with positions running on through each row and plain causal attention,
+    so sequences (a rejected completion and its chosen one too) see each other."""
     rows, width = layout.packed_shape
     return PackedLayout(layout.padded_shape, layout.slot_of, torch.arange(width).repeat(rows, 1))
 
 
+@pytest.mark.parametrize("packing", PACKINGS)
 def test_packed_log_probs_and_gradients_equal_padded(
-    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, packing: PairPacking
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    padded, packed = _batch(tokenizer, False), _batch(tokenizer, True)
+    padded, packed = _batch(tokenizer, PairPacking.PADDED), _batch(tokenizer, packing)
     assert packed.packed is not None and packed.packed.packed_shape[0] < padded.input_ids.shape[0]
     mask = padded.completion_mask
     weights = torch.linspace(0.5, 2.0, int(mask[:, 1:].sum()))  # a different upstream gradient per token
@@ -93,9 +125,10 @@ def test_packed_log_probs_and_gradients_equal_padded(
     assert not torch.allclose(control, expected, atol=1e-3)
 
 
+@pytest.mark.parametrize("packing", PACKINGS)
 @pytest.mark.parametrize("pad", ["pad", "eos"])
 def test_packed_reward_scores_and_gradients_equal_padded(
-    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, pad: str
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, pad: str, packing: PairPacking
 ) -> None:
     """With pad = EOS too (``load_tokenizer``'s choice for a tokenizer without a pad token): transformers'
     classifier then scores the rightmost token that is not EOS, and so must the packed forward."""
@@ -105,7 +138,7 @@ def test_packed_reward_scores_and_gradients_equal_padded(
     model = AutoModelForSequenceClassification.from_pretrained(
         tiny_model_path, num_labels=1, pad_token_id=pad_id, dtype=torch.float32
     )
-    padded, packed = _batch(tokenizer, False, pad_id), _batch(tokenizer, True, pad_id)
+    padded, packed = _batch(tokenizer, PairPacking.PADDED, pad_id), _batch(tokenizer, packing, pad_id)
     assert packed.packed is not None and packed.packed.packed_shape[0] < padded.input_ids.shape[0]
     weights = torch.linspace(0.5, 2.0, padded.input_ids.shape[0])
 
@@ -131,8 +164,12 @@ def test_packing_is_for_the_decoders_that_run_alone(
 ) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     assert runs_packed(model)
+    assert pair_packing(model) is PairPacking.SHARED_PROMPTS  # sdpa takes the layout's boolean mask
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_path, attn_implementation="eager")
+    assert runs_packed(eager) and pair_packing(eager) is PairPacking.SEQUENCES  # eager would add it
     monkeypatch.setattr(modeling, "PLAIN_HEAD_MODELS", frozenset())  # an architecture it does not know
     assert not runs_packed(model)
+    assert pair_packing(model) is PairPacking.PADDED
 
 
 @pytest.mark.parametrize(
