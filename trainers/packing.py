@@ -36,9 +36,8 @@ class PairPacking(StrEnum):
 
     PADDED = "padded"  # as right-padded rows, with their attention mask
     SEQUENCES = "sequences"  # each row a sequence of its own, packed (``pack_layout``)
-    SHARED_PROMPTS = (
-        "shared_prompts"  # each pair's prompt once, then both completions (``shared_prompt_layout``)
-    )
+    # each pair's prompt once, then both completions (``shared_prompt_layout``)
+    SHARED_PROMPTS = "shared_prompts"
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -130,7 +129,9 @@ def shared_prompt_layout(
     lengths = [p + c for p, c in zip(prompts, chosen, strict=True)]
     lengths += [p + r for p, r in zip(prompts, rejected, strict=True)]
     if min(prompts, default=0) < 1 or min(chosen) < 1 or min(rejected) < 1 or max(lengths) > width:
-        raise ValueError(f"every pair needs a prompt token and a completion token on each side, in {width}")
+        raise ValueError(
+            f"every pair needs a prompt token and a completion token on each side, each row at most {width}"
+        )
     n = len(prompts)
     units = [p + c + r for p, c, r in zip(prompts, chosen, rejected, strict=True)]
     bins = best_fit_decreasing(units, max(width, *units))
