@@ -24,6 +24,7 @@ from transformers import (
 )
 from transformers.modeling_layers import GenericForSequenceClassification
 
+from trainers.activation_memory import save_less_activation
 from trainers.checkpoint import MODEL_DIR
 from trainers.distributed import local_device
 from trainers.losses import linear_token_nll
@@ -92,8 +93,7 @@ def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module
     else:
         source = str(resume_model) if resume_model is not None else settings.model_path
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    if settings.gradient_checkpointing:
-        _enable_gradient_checkpointing(model)
+    _reduce_activation_memory(model, settings)
     use_plan_free_attention(device)
     return torch.nn.Module.to(model, device)  # (transformers' typed `to` rejects a device)
 
@@ -114,6 +114,16 @@ def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
         peft_model = get_peft_model(model, config)
     assert isinstance(peft_model, PeftModel)
     return peft_model
+
+
+def _reduce_activation_memory(model: torch.nn.Module, settings: ModelSettings) -> None:
+    """Gradient checkpointing when asked for (recompute each layer in backward); otherwise each decoder
+    layer keeps only the activations that are costly to recompute (``trainers.activation_memory``), for
+    a few elementwise passes per layer rather than a layer's forward."""
+    if settings.gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
+    else:
+        save_less_activation(model)
 
 
 def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -164,8 +174,7 @@ def load_sequence_classifier(
         if resume_model is not None:
             set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
         model.get_submodule("base_model.model.score").float()  # the head trains in fp32
-    if settings.gradient_checkpointing:
-        _enable_gradient_checkpointing(model)
+    _reduce_activation_memory(model, settings)
     use_plan_free_attention(device)
     return torch.nn.Module.to(model, device)
 

@@ -266,7 +266,7 @@ COMMON: tuple[Hyperparameter, ...] = (
         "compute precision; auto: bf16 on capable GPUs",
         choices=("auto", "no", "bf16", "fp16"),
     ),
-    _p("gradient_checkpointing", "bool", False, "recompute activations to save memory"),
+    _p("gradient_checkpointing", "bool", False, "recompute each layer in backward: least memory, slower"),
     _p(
         "max_steps",
         "int",

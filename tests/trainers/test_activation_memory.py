@@ -1,0 +1,161 @@
+"""Decoder layers that keep less for backward (trainers/activation_memory.py): same values and gradients
+as transformers' own forwards, the MLP's product and the norms' outputs recomputed rather than kept."""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from trainers import activation_memory
+from trainers.activation_memory import recompute, recompute_scope, save_less_activation, silu_mul
+from trainers.modeling import load_model
+
+
+def test_silu_mul_equals_silu_times_up_in_value_and_gradient() -> None:
+    torch.manual_seed(0)
+    gate = (torch.randn(5, 7, dtype=torch.float64) * 3).requires_grad_()
+    up = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(silu_mul(gate, up), F.silu(gate) * up)
+    assert torch.autograd.gradcheck(silu_mul, (gate, up))
+
+
+class _CountingRecipe(activation_memory._Recipe):
+    computed = 0
+
+    def __init__(self, compute: Callable[[], torch.Tensor]) -> None:
+        def counted() -> torch.Tensor:
+            _CountingRecipe.computed += 1
+            return compute()
+
+        super().__init__(counted)
+
+
+@pytest.fixture
+def counting(monkeypatch: pytest.MonkeyPatch) -> type[_CountingRecipe]:
+    _CountingRecipe.computed = 0
+    monkeypatch.setattr(activation_memory, "_Recipe", _CountingRecipe)
+    return _CountingRecipe
+
+
+def test_a_saved_tensor_is_recomputed_once_and_others_are_kept(counting: type[_CountingRecipe]) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    weight = torch.randn(5, 4, requires_grad=True)
+    other_weight = torch.randn(5, 4, requires_grad=True)
+    other = torch.randn(2, 3, 4)
+    with recompute_scope():
+        product = x * 2
+        recompute(product, lambda: x.detach() * 2)
+        # both linears save a 2-D view of the product; ``other`` is saved as it is
+        out = F.linear(product, weight).sum() + F.linear(product, other_weight).sum()
+        out = out + (other * weight.sum()).sum()
+    recompute(x, lambda: x)  # outside a scope: nothing to do
+    kept = weakref.ref(product)
+    del product
+    assert kept() is None  # neither autograd nor the closed scope holds the product
+    out.backward()
+    assert counting.computed == 1  # one recipe, shared by both linears
+    expected = torch.ones(6, 5).T @ (x.detach() * 2).reshape(-1, 4)
+    torch.testing.assert_close(weight.grad, expected + other.sum())
+    torch.testing.assert_close(other_weight.grad, expected)
+
+
+def _settings(model_path: Path, **overrides: Any) -> SimpleNamespace:
+    fields: dict[str, Any] = {
+        "model_path": str(model_path),
+        "use_lora": True,
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0.0,
+        "lora_target_modules": None,
+        "gradient_checkpointing": False,
+        "mixed_precision": "no",
+        "resume_from": None,
+    }
+    return SimpleNamespace(**(fields | overrides))
+
+
+def _loss_and_gradients(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    torch.manual_seed(1)
+    ids = torch.randint(3, 60, (3, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    out = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("use_lora", [True, False], ids=["lora", "full"])
+def test_a_model_trains_as_with_transformers_forwards_and_recomputes_each_product(
+    tiny_model_path: Path, use_lora: bool, counting: type[_CountingRecipe]
+) -> None:
+    model = load_model(_settings(tiny_model_path, use_lora=use_lora), torch.device("cpu"))
+    plain = copy.deepcopy(model)
+    for module in plain.modules():
+        if "forward" in vars(module):
+            del module.forward  # back to the class's forward (transformers' own)
+    # LoRA's B starts at zero and the norms' weights at one, which would hide a wrong recomputation
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name or "norm" in name:
+            with torch.no_grad():
+                parameter.normal_(generator=torch.Generator().manual_seed(len(name)))
+    plain.load_state_dict(model.state_dict())
+
+    loss, grads = _loss_and_gradients(model)
+    # per layer of the tiny model: the MLP's product and both norms' outputs, plus both norms'
+    # normalised inputs when their weights train
+    assert counting.computed == 2 * (3 if use_lora else 5)
+    computed = counting.computed
+    plain_loss, plain_grads = _loss_and_gradients(plain)
+    assert counting.computed == computed
+    torch.testing.assert_close(loss, plain_loss, rtol=0, atol=1e-6)
+    assert grads.keys() == plain_grads.keys() and any("down_proj" in name for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _patched(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [module for module in model.modules() if "forward" in vars(module)]
+
+
+def test_a_copied_model_runs_its_own_modules(tiny_model_path: Path) -> None:
+    model = load_model(_settings(tiny_model_path, use_lora=False), torch.device("cpu"))
+    copied = _patched(copy.deepcopy(model))
+    assert len(copied) == 2 * 4  # per layer: the layer, its MLP, its two norms
+    assert all(module.forward.__self__ is module for module in copied)
+
+
+def test_gradient_checkpointing_keeps_transformers_forwards(tiny_model_path: Path) -> None:
+    model = load_model(_settings(tiny_model_path, gradient_checkpointing=True), torch.device("cpu"))
+    assert _patched(model) == []
+
+
+def test_other_architectures_keep_their_forwards(tiny_model_path: Path) -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    assert save_less_activation(gpt2) == 0
+    gelu = AutoModelForCausalLM.from_pretrained(tiny_model_path, hidden_act="gelu")
+    assert save_less_activation(gelu) == 0 and _patched(gelu) == []
+    assert save_less_activation(AutoModelForCausalLM.from_pretrained(tiny_model_path)) == 2
+
+
+def test_without_gradients_nothing_is_kept_or_recomputed(
+    tiny_model_path: Path, counting: type[_CountingRecipe]
+) -> None:
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    model = copy.deepcopy(plain)
+    save_less_activation(model)
+    ids = torch.randint(3, 60, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=0, atol=1e-6
+        )
+    assert counting.computed == 0
