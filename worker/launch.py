@@ -73,7 +73,15 @@ def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: f
 # blocks stay in the heap and the next step reuses them: SmolLM2 SFT LoRA on the CPU trains ~1.15x faster
 # at the same peak RSS (docs/benchmarks.md, "The trainer's allocator"). A trainer is one process per job,
 # so memory it keeps is returned when the job ends.
-TRAINER_MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+# The per-thread cache (tcache) and the fast bins are off too: a small block freed into either still counts
+# as in use, so the freed activations on both sides of it cannot merge, and the next micro-batch's
+# slightly wider tensors then come from fresh memory at the heap's top. With them on, a SmolLM2 reward
+# model's heap grew by another working set on its second micro-batch although 2 GiB of it were free;
+# with them off, peak RSS fell 24-30% and the steps ran 11-16% faster (fewer fresh pages to fault in).
+TRAINER_MALLOC_TUNABLES = (
+    "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"
+    ":glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0"
+)
 
 
 def trainer_environment(base: Mapping[str, str]) -> dict[str, str]:
