@@ -176,7 +176,8 @@ def _rms_norm_forward(norm: Any, hidden_states: torch.Tensor) -> torch.Tensor:  
     x = hidden_states.to(torch.float32)
     inverse_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     normalised = x * inverse_rms
-    recompute(normalised, lambda: x * inverse_rms)  # before the product below saves it
+    if norm.weight.requires_grad:  # only a trained weight's gradient keeps it (LoRA's norms are frozen)
+        recompute(normalised, lambda: x * inverse_rms)  # before the product below saves it
     out: torch.Tensor = norm.weight * normalised.to(input_dtype)
     recompute(out, lambda: norm.weight * (x * inverse_rms).to(input_dtype))
     return out

@@ -203,10 +203,9 @@ def pair_packing(model: torch.nn.Module) -> PairPacking:
     where its attention is sdpa, which takes ``shared_prompt_layout``'s boolean mask as it is (eager would
     add it to the scores, flash attention has no mask, flex wants a block mask); else packed sequences
     where ``runs_packed``; else padded."""
-    if not runs_packed(model):
+    base = _unsharded_base(model)  # runs_packed's test
+    if base is None:
         return PairPacking.PADDED
-    base = _unsharded_base(model)
-    assert base is not None
     if base.config._attn_implementation == "sdpa":
         return PairPacking.SHARED_PROMPTS
     return PairPacking.SEQUENCES

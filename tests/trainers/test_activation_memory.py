@@ -123,6 +123,25 @@ def test_a_model_trains_as_with_transformers_forwards_and_recomputes_each_produc
         torch.testing.assert_close(grad, plain_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("use_lora", [True, False], ids=["lora", "full"])
+def test_a_layer_registers_only_what_backward_asks_for(
+    tiny_model_path: Path, use_lora: bool, counting: type[_CountingRecipe], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registered tensor is held until its layer ends, so registering one that nothing saves (the
+    normalised input of a frozen norm weight) would only keep it alive longer."""
+    registered = []
+    register = activation_memory._RecomputeScope.recompute
+
+    def counted(scope: Any, tensor: torch.Tensor, compute: Callable[[], torch.Tensor]) -> None:
+        registered.append(tensor.shape)
+        register(scope, tensor, compute)
+
+    monkeypatch.setattr(activation_memory._RecomputeScope, "recompute", counted)
+    model = load_model(_settings(tiny_model_path, use_lora=use_lora), torch.device("cpu"))
+    _loss_and_gradients(model)
+    assert len(registered) == counting.computed == 2 * (3 if use_lora else 5)
+
+
 def _patched(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for module in model.modules() if "forward" in vars(module)]
 
