@@ -15,11 +15,12 @@ SFT packs its examples into the model's input (``trainers.collate.pack_batch``);
 keep their right-padded [N, T] batch and pack only the decoder's input and output
 (``PackedLayout.pack`` / ``unpack``), so every loss reads its usual [N, T] layout.
 
-A preference pair's two rows begin with the same prompt. ``shared_prompt_layout`` runs that prompt once:
-prompt, chosen, rejected in a row, the rejected tokens' positions continuing from the prompt, and an
-explicit attention mask (position ids cannot say "see the prompt but not the chosen tokens") that lets
-each completion see the prompt and itself only. Both rows' prompt slots map to the same packed slots, so
-unpacking hands each row the prompt's hidden states, and backward sums the two rows' gradients there.
+A preference pair's two rows begin with the same prompt, and so do an online method's completions of one
+prompt. ``shared_prompt_layout`` runs such a prompt once: the prompt, then each of its completions in a
+row, every completion's positions continuing from the prompt, and an explicit attention mask (position
+ids cannot say "see the prompt but not the other completions") that lets each completion see the prompt
+and itself only. All the group's rows map their prompt slots to the same packed slots, so unpacking hands
+each row the prompt's hidden states, and backward sums the rows' gradients there.
 """
 
 from __future__ import annotations
@@ -118,44 +119,53 @@ def pack_layout(lengths: Sequence[int], width: int, capacity: int) -> PackedLayo
 
 
 def shared_prompt_layout(
-    prompts: Sequence[int], chosen: Sequence[int], rejected: Sequence[int], width: int
+    prompts: Sequence[int], completions: Sequence[Sequence[int]], rows: Sequence[Sequence[int]], width: int
 ) -> PackedLayout:
-    """The layout of a preference batch's 2B right-padded rows (B of prompt + chosen, then B of the same
-    prompts + rejected, padded to ``width``) with each pair's prompt run once: prompt, chosen, rejected in
-    a row, binned by best-fit decreasing into rows of at most max(``width``, longest pair) tokens.
+    """The layout of right-padded rows (a prompt, then a completion, padded to ``width``) in groups that
+    begin with the same prompt, with each group's prompt run once: group i is its prompt of ``prompts[i]``
+    tokens, then its completions of ``completions[i]`` tokens, which belong to the padded rows ``rows[i]``.
+    Groups are binned by best-fit decreasing into rows of at most max(``width``, largest group) tokens.
 
-    The rejected tokens' positions continue from the prompt, and ``attention`` lets each completion see
-    its prompt and itself only, so every row's hidden states are those it has alone."""
-    lengths = [p + c for p, c in zip(prompts, chosen, strict=True)]
-    lengths += [p + r for p, r in zip(prompts, rejected, strict=True)]
-    if min(prompts, default=0) < 1 or min(chosen) < 1 or min(rejected) < 1 or max(lengths) > width:
+    A completion's positions continue from its prompt, and ``attention`` lets it see its prompt and itself
+    only, so every padded row's hidden states are those it has alone. A completion may be empty: its row
+    is then the prompt alone."""
+    n_rows = sum(len(group) for group in completions)
+    lengths = [p + c for p, group in zip(prompts, completions, strict=True) for c in group]
+    placed = sorted(row for group in rows for row in group)
+    if (
+        min(prompts, default=0) < 1
+        or min(lengths) < 1
+        or max(lengths) > width
+        or placed != list(range(n_rows))
+    ):
         raise ValueError(
-            f"every pair needs a prompt token and a completion token on each side, each row at most {width}"
+            f"every group needs a prompt token, each row at most {width} tokens, each row in one group"
         )
-    n = len(prompts)
-    units = [p + c + r for p, c, r in zip(prompts, chosen, rejected, strict=True)]
+    units = [p + sum(group) for p, group in zip(prompts, completions, strict=True)]
     bins = best_fit_decreasing(units, max(width, *units))
     packed_width = max(sum(units[i] for i in members) for members in bins)
-    slot_of = torch.full((2 * n * width,), len(bins) * packed_width, dtype=torch.long)
+    slot_of = torch.full((n_rows * width,), len(bins) * packed_width, dtype=torch.long)
     position_ids = torch.zeros((len(bins), packed_width), dtype=torch.long)
     attention = torch.zeros((len(bins), 1, packed_width, packed_width), dtype=torch.bool)
     causal = torch.ones((packed_width, packed_width), dtype=torch.bool).tril()
-    for row, members in enumerate(bins):
+    for packed_row, members in enumerate(bins):
         start = 0
         for i in members:
-            p, c, r = prompts[i], chosen[i], rejected[i]
-            first = row * packed_width + start
-            slot_of[i * width : i * width + p + c] = torch.arange(first, first + p + c)
-            second = (n + i) * width
-            slot_of[second : second + p] = torch.arange(first, first + p)  # the same prompt slots
-            slot_of[second + p : second + p + r] = torch.arange(first + p + c, first + p + c + r)
-            position_ids[row, start : start + p + c] = torch.arange(p + c)
-            position_ids[row, start + p + c : start + p + c + r] = torch.arange(p, p + r)
-            end = start + p + c + r
-            attention[row, 0, start:end, start:end] = causal[: end - start, : end - start]
-            attention[row, 0, start + p + c : end, start + p : start + p + c] = False  # rejected ∌ chosen
-            start = end
+            p, first = prompts[i], packed_row * packed_width + start
+            position_ids[packed_row, start : start + p] = torch.arange(p)
+            attention[packed_row, 0, start : start + p, start : start + p] = causal[:p, :p]
+            at = start + p  # where the next completion begins in the packed row
+            for c, row in zip(completions[i], rows[i], strict=True):
+                slot_of[row * width : row * width + p] = torch.arange(first, first + p)  # the same slots
+                slot_of[row * width + p : row * width + p + c] = torch.arange(
+                    packed_row * packed_width + at, packed_row * packed_width + at + c
+                )
+                position_ids[packed_row, at : at + c] = torch.arange(p, p + c)
+                attention[packed_row, 0, at : at + c, start : start + p] = True  # its prompt
+                attention[packed_row, 0, at : at + c, at : at + c] = causal[:c, :c]  # and itself
+                at += c
+            start = at
         # the padded tail: a sequence of its own, so that no attention row is empty
-        position_ids[row, start:] = torch.arange(packed_width - start)
-        attention[row, 0, start:, start:] = causal[: packed_width - start, : packed_width - start]
-    return PackedLayout((2 * n, width), slot_of, position_ids, attention)
+        position_ids[packed_row, start:] = torch.arange(packed_width - start)
+        attention[packed_row, 0, start:, start:] = causal[: packed_width - start, : packed_width - start]
+    return PackedLayout((n_rows, width), slot_of, position_ids, attention)

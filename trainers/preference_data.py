@@ -256,8 +256,8 @@ def collate_preferences(
     elif pack is PairPacking.SHARED_PROMPTS:
         packed = shared_prompt_layout(
             [len(e.prompt_ids) for e in examples],
-            [len(e.chosen_ids) for e in examples],
-            [len(e.rejected_ids) for e in examples],
+            [(len(e.chosen_ids), len(e.rejected_ids)) for e in examples],
+            [(i, len(examples) + i) for i in range(len(examples))],  # the chosen rows, then the rejected
             width,
         )
     precomputed = all(e.ref_chosen_logp is not None and e.ref_rejected_logp is not None for e in examples)

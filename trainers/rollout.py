@@ -8,7 +8,10 @@ left-padded, stop at EOS), seeded so that a resumed run draws the same completio
 covers its tokens up to and including EOS; a completion without EOS is ``truncated``.
 
 ``completion_logps`` gives log p(o_t | q, o_<t) of each completion token under a model, with logits
-divided by the sampling temperature, as the policy-gradient losses need.
+divided by the sampling temperature, as the policy-gradient losses need. Where the model's decoder runs
+alone (``modeling.decoder_and_head``), it runs on the real tokens only (``completion_layout``): each row's
+prompt and completion packed, and where its attention takes a mask (sdpa), the prompt shared by
+consecutive rows (a GRPO or RLOO group, an online DPO pair) once (``packing.shared_prompt_layout``).
 
 A step preparer (``trainers.loop.StepPreparer``) subclasses ``ReusedRollout``: its ``rollout`` samples,
 scores, and splits the rollout into ``micro_batch_spans`` (``Rollout.select`` trims their padding) of
@@ -32,6 +35,8 @@ from trainers.data import _bos_text
 from trainers.errors import DataError
 from trainers.example_store import ExampleWriter
 from trainers.loop import PreparedStep
+from trainers.modeling import decoder_and_head, pair_packing
+from trainers.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 
 
 @dataclass(frozen=True)
@@ -270,7 +275,14 @@ def token_logps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs [N, C] of ``completion_ids`` and entropies [N, C] (no grad) from ``logits``
     [N, C + 1, V] (the last C + 1 positions of prompt + completion), divided by ``temperature``."""
-    logits = logits[:, :-1, :].float() / temperature
+    return _predicted_logps(logits[:, :-1, :], completion_ids, temperature)
+
+
+def _predicted_logps(
+    logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logps`` from the logits [N, C, V] that predict each completion token."""
+    logits = logits.float() / temperature
     log_probs = F.log_softmax(logits, dim=-1)
     logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
@@ -287,9 +299,89 @@ def completion_logps(
     *,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(o_t | q, o_<t) [N, C] of each completion token under ``model``, and the entropies [N, C]."""
-    out = forward_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    return token_logps(out.logits, completion_ids, temperature)
+    """log p(o_t | q, o_<t) [N, C] of each completion token under ``model``, and the entropies [N, C]
+    (values at the positions ``completion_mask`` leaves out are not defined). On the real tokens only
+    where the decoder runs alone (the module docstring)."""
+    split = decoder_and_head(model)
+    if split is None:
+        out = forward_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return token_logps(out.logits, completion_ids, temperature)
+    decoder, head = split
+    shared = pair_packing(model) is PairPacking.SHARED_PROMPTS
+    packed = completion_layout(
+        prompt_ids, prompt_mask, completion_ids, completion_mask, shared_prompts=shared
+    )
+    layout = packed.layout.to(prompt_ids.device)
+    out = decoder(
+        input_ids=packed.input_ids.to(prompt_ids.device),
+        position_ids=layout.position_ids,
+        attention_mask=layout.attention,  # None: transformers derives it from the restarting positions
+        use_cache=False,
+    )
+    flat = out.last_hidden_state.flatten(0, 1)
+    flat = torch.cat([flat, flat.new_zeros((1, flat.shape[1]))])  # the slot past the end: zeros
+    return _predicted_logps(head(flat[packed.predicting.to(flat.device)]), completion_ids, temperature)
+
+
+@dataclass(frozen=True)
+class CompletionLayout:
+    """Prompts and completions laid out on their real tokens only (``completion_layout``)."""
+
+    layout: PackedLayout  # of right-padded rows [N, T]: each row's prompt tokens, then its completion's
+    input_ids: torch.Tensor  # [R, W] the packed rows
+    # [N, C] the packed slot whose hidden state predicts each completion token; R * W (one past the end)
+    # where ``completion_mask`` has no token
+    predicting: torch.Tensor
+
+
+def completion_layout(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    shared_prompts: bool,
+) -> CompletionLayout:
+    """Left-padded prompts [N, P] and right-padded completions [N, C] (their masks as prefixes) packed on
+    the CPU: each row as a sequence of its own (``pack_layout``), or with ``shared_prompts`` every run of
+    consecutive rows that begin with the same prompt as one group whose prompt runs once
+    (``shared_prompt_layout``). Positions count real tokens only, as in generation."""
+    prompt_ids, prompt_mask = prompt_ids.cpu(), prompt_mask.cpu()
+    completion_ids, completion_mask = completion_ids.cpu(), completion_mask.cpu()
+    n, width = prompt_ids.shape
+    prompts = [
+        row[width - int(length) :] for row, length in zip(prompt_ids, prompt_mask.sum(dim=1), strict=True)
+    ]
+    completions = completion_mask.sum(dim=1).tolist()
+    lengths = [len(p) + c for p, c in zip(prompts, completions, strict=True)]
+    padded_width = max(lengths)
+    rows = torch.zeros((n, padded_width), dtype=prompt_ids.dtype)
+    for i, (prompt, c) in enumerate(zip(prompts, completions, strict=True)):
+        rows[i, : len(prompt)] = prompt
+        rows[i, len(prompt) : len(prompt) + c] = completion_ids[i, :c]
+    if shared_prompts:
+        groups: list[list[int]] = []
+        for i in range(n):
+            if groups and torch.equal(prompts[groups[-1][0]], prompts[i]):
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        layout = shared_prompt_layout(
+            [len(prompts[g[0]]) for g in groups],
+            [[completions[i] for i in g] for g in groups],
+            groups,
+            padded_width,
+        )
+    else:
+        layout = pack_layout(lengths, padded_width, capacity=padded_width)
+    # completion token j of row i is predicted at padded position len(prompt) - 1 + j of row i
+    steps = torch.arange(completion_ids.shape[1])
+    starts = torch.tensor([i * padded_width + len(p) - 1 for i, p in enumerate(prompts)])
+    positions = (starts[:, None] + steps).clamp(max=n * padded_width - 1)
+    rows_packed, packed_width = layout.packed_shape
+    within = steps < torch.tensor(completions)[:, None]
+    predicting = torch.where(within, layout.slot_of[positions], rows_packed * packed_width)
+    return CompletionLayout(layout, layout.pack(rows), predicting)
 
 
 def load_frozen_reference(model_path: str, device: torch.device) -> torch.nn.Module:

@@ -55,7 +55,7 @@ PACKINGS = [PairPacking.SEQUENCES, PairPacking.SHARED_PROMPTS]
 
 def test_shared_prompt_layout_runs_each_prompt_once() -> None:
     # pairs (prompt, chosen, rejected) of (2, 1, 1) and (1, 2, 1) tokens; the 2B rows padded to 3
-    layout = shared_prompt_layout([2, 1], [1, 2], [1, 1], width=3)
+    layout = shared_prompt_layout([2, 1], [(1, 1), (2, 1)], [(0, 2), (1, 3)], width=3)
     chosen_rows, rejected_rows = [[1, 2, 3], [6, 7, 8]], [[1, 2, 4], [6, 9, 0]]
     padded = torch.tensor(chosen_rows + rejected_rows)
     assert layout.pack(padded, fill=-1).tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
@@ -71,12 +71,14 @@ def test_shared_prompt_layout_runs_each_prompt_once() -> None:
     real = padded != 0
     assert torch.equal(layout.unpack(layout.pack(padded)[..., None])[..., 0], padded * real)
     # short pairs share a row (up to the longest pair or the rows' width); the padded tail is its own
-    wide = shared_prompt_layout([1, 1, 1], [1, 1, 2], [1, 1, 1], width=6)
+    wide = shared_prompt_layout([1, 1, 1], [(1, 1), (1, 1), (2, 1)], [(0, 3), (1, 4), (2, 5)], width=6)
     assert wide.position_ids.tolist() == [[0, 1, 2, 1, 0, 1], [0, 1, 1, 0, 1, 1]]
     assert wide.attention is not None
     assert wide.attention[0, 0, 4:, :4].sum() == 0 and wide.attention[1, 0, 3:, :3].sum() == 0
-    with pytest.raises(ValueError, match="a completion token on each side"):
-        shared_prompt_layout([1], [1], [0], width=2)
+    with pytest.raises(ValueError, match="a prompt token"):
+        shared_prompt_layout([0], [(1, 1)], [(0, 1)], width=2)
+    with pytest.raises(ValueError, match="each row in one group"):
+        shared_prompt_layout([1], [(1, 1)], [(0, 0)], width=2)
 
 
 def _batch(

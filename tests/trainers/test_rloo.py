@@ -69,5 +69,6 @@ def test_resume_repeats_the_uninterrupted_run(rloo_config: Callable[..., RLOOCon
             assert ours[key] == pytest.approx(theirs[key], abs=1e-6), key
     assert full.steps[2]["reward"] == full.steps[3]["reward"]  # steps 3 and 4 share a rollout
     assert full.steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
-    # sampled from the policy, the summed log-ratio estimates KL(π || π_ref) >= 0: the policy has drifted
-    assert all(r["kl"] > 0.0 for r in full.steps[2:]), [r["kl"] for r in full.steps]
+    # once the policy has drifted the estimate moves off zero; its sign is a sample's (KL(π || π_ref) >= 0
+    # holds only in expectation: this run's draws give -0.007 at step 3)
+    assert all(abs(r["kl"]) > 1e-3 for r in full.steps[2:]), [r["kl"] for r in full.steps]
