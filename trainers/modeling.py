@@ -261,7 +261,7 @@ def decoder_hidden_states(
     out = decoder(
         input_ids=packed.pack(input_ids),
         position_ids=packed.position_ids,
-        attention_mask=packed.attention,
+        attention_mask=packed.attention_mask(),
         use_cache=False,
     )
     return packed.unpack(out.last_hidden_state)

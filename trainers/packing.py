@@ -88,6 +88,16 @@ class PackedLayout:
         flat = torch.cat([flat, flat.new_zeros((1, *flat.shape[1:]))])
         return flat[self.slot_of].view(*self.padded_shape, *packed.shape[2:])
 
+    def attention_mask(self) -> torch.Tensor | None:
+        """``attention`` as the decoder gets it. On the CPU an additive float mask (0 where a slot attends,
+        float32's minimum elsewhere), which sdpa's CPU kernel takes as it is: a boolean mask it converts
+        to a new float copy in every layer, and keeps each copy for backward (30 of them for SmolLM2).
+        Elsewhere the boolean mask: under CUDA autocast a float32 mask would not match bf16 queries."""
+        if self.attention is None or self.attention.device.type != "cpu":
+            return self.attention
+        blocked = torch.finfo(torch.float32).min
+        return torch.zeros(self.attention.shape).masked_fill_(~self.attention, blocked)
+
     def to(self, device: torch.device) -> PackedLayout:
         return PackedLayout(
             self.padded_shape,

@@ -315,7 +315,7 @@ def completion_logps(
     out = decoder(
         input_ids=packed.input_ids.to(prompt_ids.device),
         position_ids=layout.position_ids,
-        attention_mask=layout.attention,  # None: transformers derives it from the restarting positions
+        attention_mask=layout.attention_mask(),  # None: transformers derives it from the positions
         use_cache=False,
     )
     flat = out.last_hidden_state.flatten(0, 1)

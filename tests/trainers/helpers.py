@@ -1,11 +1,15 @@
-"""Test helpers: a callback that records everything and can ask the loop to stop."""
+"""Test helpers: a callback that records everything and can ask the loop to stop; packed against padded."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from trainers import modeling
 from trainers.loop import CheckpointInfo, NullCallbacks, StopRequest
 from trainers.registry import METHODS, resolve
 
@@ -78,3 +82,20 @@ def small_config(method: str, model_path: Path, output_dir: Path, **overrides: A
     names = {f.name for f in dataclasses.fields(config_cls)}
     fields = {k: v for k, v in (SMALL_RUN | overrides).items() if k in names}
     return config_cls(model_path=str(model_path), output_dir=str(output_dir), **fields)
+
+
+def assert_packed_trains_as_padded(
+    train: Callable[[str, Recorder], Any], keys: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train(name, recorder)`` runs 3 steps twice, packed and then padded, with the same losses and
+    metrics step by step; the padded run is the whole-model forward, forced by making the tiny Llama an
+    architecture ``modeling`` does not know. The runs train in float32 on any device: bf16 rounding
+    would differ between the two layouts."""
+    packed, padded = Recorder(), Recorder()
+    train("packed", packed)
+    monkeypatch.setattr(modeling, "PLAIN_HEAD_MODELS", frozenset())
+    train("padded", padded)
+    assert len(packed.steps) == len(padded.steps) == 3
+    for ours, expected in zip(packed.steps, padded.steps, strict=True):
+        for key in keys:
+            assert ours[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
-from tests.trainers.helpers import Recorder
+from tests.trainers.helpers import Recorder, assert_packed_trains_as_padded
 from trainers import modeling
 from trainers.dpo import DPOConfig, train_dpo
 from trainers.modeling import pair_packing, runs_packed, target_log_probs
@@ -161,6 +161,30 @@ def test_packed_reward_scores_and_gradients_equal_padded(
     assert not torch.allclose(control, expected, atol=1e-3)
 
 
+def test_every_layer_shares_one_attention_mask_on_the_cpu(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """sdpa's CPU kernel would convert a boolean mask to a float copy in every layer and keep each copy
+    for backward; the layout hands it the float mask itself, once."""
+    layout = _batch(tokenizer, PairPacking.SHARED_PROMPTS).packed
+    assert layout is not None and layout.attention is not None
+    additive = layout.attention_mask()
+    assert additive is not None and additive.dtype == torch.float32
+    assert torch.equal(additive == 0, layout.attention)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    batch = _batch(tokenizer, PairPacking.SHARED_PROMPTS)
+    masks: set[int] = set()
+
+    def keep(saved: torch.Tensor) -> torch.Tensor:
+        if saved.shape == layout.attention.shape:
+            masks.add(saved.untyped_storage().data_ptr())
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda saved: saved):
+        modeling.decoder_hidden_states(model.model, batch.input_ids, batch.attention_mask, layout)
+    assert len(masks) == 1 and model.config.num_hidden_layers > 1
+
+
 def test_packing_is_for_the_decoders_that_run_alone(
     tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,25 +210,14 @@ def test_a_packed_run_trains_as_a_padded_one(
     train: Callable[..., Any],
     make_config: Callable[..., Any],
 ) -> None:
-    """Step by step the same losses and metrics; the padded run is the whole-model forward, forced by
-    making the tiny Llama an architecture ``modeling`` does not know."""
-
-    def run(name: str) -> list[dict[str, float]]:
-        recorder = Recorder()
+    def run(name: str, recorder: Recorder) -> None:
         config = make_config(
             model_path=str(tiny_model_path),
             output_dir=str(tmp_path / name),
             batch_size=4,
             max_steps=3,
-            mixed_precision="no",  # on a GPU too: bf16 rounding would differ between the two layouts
+            mixed_precision="no",
         )
         train(config, UNEVEN_ROWS * 3, callbacks=recorder)
-        return recorder.steps
 
-    packed_steps = run("packed")
-    monkeypatch.setattr(modeling, "PLAIN_HEAD_MODELS", frozenset())
-    padded_steps = run("padded")
-    assert len(packed_steps) == len(padded_steps) == 3
-    for ours, expected in zip(packed_steps, padded_steps, strict=True):
-        for key in ("loss", "grad_norm", "trained_tokens"):
-            assert ours[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+    assert_packed_trains_as_padded(run, ("loss", "grad_norm", "trained_tokens"), monkeypatch)
