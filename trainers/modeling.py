@@ -256,15 +256,23 @@ def decoder_hidden_states(
         out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         hidden: torch.Tensor = out.last_hidden_state
         return hidden
+    return packed.unpack(packed_hidden_states(decoder, packed.pack(input_ids), packed))
+
+
+def packed_hidden_states(
+    decoder: torch.nn.Module, packed_ids: torch.Tensor, layout: PackedLayout
+) -> torch.Tensor:
+    """[R, W, H] final hidden states of the packed rows ``packed_ids`` [R, W] laid out by ``layout``."""
     # no cache, and no attention mask unless the layout brings one: transformers then derives
     # per-sequence attention from the position ids (a 4D mask it takes as it is)
     out = decoder(
-        input_ids=packed.pack(input_ids),
-        position_ids=packed.position_ids,
-        attention_mask=packed.attention_mask(),
+        input_ids=packed_ids,
+        position_ids=layout.position_ids,
+        attention_mask=layout.attention_mask(),
         use_cache=False,
     )
-    return packed.unpack(out.last_hidden_state)
+    hidden: torch.Tensor = out.last_hidden_state
+    return hidden
 
 
 def target_log_probs(

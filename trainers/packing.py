@@ -84,9 +84,14 @@ class PackedLayout:
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """[R, W, *] -> [N, T, *], zeros at the pad slots; differentiable (a gather)."""
+        return self.take(packed, self.slot_of).view(*self.padded_shape, *packed.shape[2:])
+
+    def take(self, packed: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The values of packed rows [R, W, *] at the flat packed ``slots`` (a tensor of any shape; R * W,
+        one past the end, gives zeros); differentiable (a gather)."""
         flat = packed.flatten(0, 1)
         flat = torch.cat([flat, flat.new_zeros((1, *flat.shape[1:]))])
-        return flat[self.slot_of].view(*self.padded_shape, *packed.shape[2:])
+        return flat[slots]
 
     def attention_mask(self) -> torch.Tensor | None:
         """``attention`` as the decoder gets it. On the CPU an additive float mask (0 where a slot attends,

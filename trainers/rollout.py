@@ -35,7 +35,7 @@ from trainers.data import _bos_text
 from trainers.errors import DataError
 from trainers.example_store import ExampleWriter
 from trainers.loop import PreparedStep
-from trainers.modeling import decoder_and_head, pair_packing
+from trainers.modeling import decoder_and_head, packed_hidden_states, pair_packing
 from trainers.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 
 
@@ -311,16 +311,11 @@ def completion_logps(
     packed = completion_layout(
         prompt_ids, prompt_mask, completion_ids, completion_mask, shared_prompts=shared
     )
-    layout = packed.layout.to(prompt_ids.device)
-    out = decoder(
-        input_ids=packed.input_ids.to(prompt_ids.device),
-        position_ids=layout.position_ids,
-        attention_mask=layout.attention_mask(),  # None: transformers derives it from the positions
-        use_cache=False,
-    )
-    flat = out.last_hidden_state.flatten(0, 1)
-    flat = torch.cat([flat, flat.new_zeros((1, flat.shape[1]))])  # the slot past the end: zeros
-    return _predicted_logps(head(flat[packed.predicting.to(flat.device)]), completion_ids, temperature)
+    device = prompt_ids.device
+    layout = packed.layout.to(device)
+    hidden = packed_hidden_states(decoder, packed.input_ids.to(device), layout)
+    predicting = layout.take(hidden, packed.predicting.to(device))  # zeros where a row has no token
+    return _predicted_logps(head(predicting), completion_ids, temperature)
 
 
 @dataclass(frozen=True)
