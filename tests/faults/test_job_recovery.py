@@ -133,8 +133,10 @@ class CreatedWhileDown:
 
 ROWS = 64  # the training file of every job here
 
-# how far the job created during the outage trains (uninterrupted): the pause test's reference
-REFERENCE_STEPS = 60
+# how far the job created during the outage trains (uninterrupted): the pause test's reference, so far
+# past where that test's job pauses (a fast host trained it to step 67 between asking for the pause and
+# its checkpoint, past the 60 this once was)
+REFERENCE_STEPS = 200
 
 
 @pytest.fixture(scope="module")
