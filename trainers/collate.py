@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from trainers import varlen_attention
 from trainers.data import TokenizedExample
 from trainers.losses import IGNORE_INDEX, target_positions
 from trainers.packing import pack_layout
@@ -30,6 +32,10 @@ class SFTBatch:
     # positions whose logits the loss reads (``losses.target_positions``), found here on the CPU so that
     # the training step does not wait on the device for them
     logit_positions: torch.Tensor
+    # packed: the sequences' cumulative starts over the flattened rows and the longest, for the
+    # variable-length attention kernel (``trainers.varlen_attention``); None when padded
+    sequence_starts: torch.Tensor | None = None
+    longest_sequence: int = 0
 
     @property
     def loss_denominator(self) -> int:
@@ -50,7 +56,15 @@ class SFTBatch:
             attention_mask=move(self.attention_mask),
             position_ids=move(self.position_ids),
             logit_positions=self.logit_positions.to(device, non_blocking=True),
+            sequence_starts=move(self.sequence_starts),
         )
+
+    def attention_kwargs(self) -> dict[str, Any]:
+        """The packed sequences' bounds as the decoder's keyword arguments, where this process's attention
+        reads them (``varlen_attention.installed``); none when padded."""
+        if self.sequence_starts is None or not varlen_attention.installed():
+            return {}
+        return varlen_attention.attention_kwargs(self.sequence_starts, self.longest_sequence)
 
 
 def _labels(example: TokenizedExample) -> list[int]:
@@ -101,6 +115,7 @@ def pack_batch(
     width = input_ids.shape[1]
     layout = pack_layout([len(e.input_ids) for e in examples], width, max_length or width)
     packed_labels = layout.pack(labels, fill=IGNORE_INDEX)
+    starts, longest = varlen_attention.sequence_starts(layout.position_ids)
     return SFTBatch(
         input_ids=layout.pack(input_ids, fill=pad_token_id),
         labels=packed_labels,
@@ -109,4 +124,6 @@ def pack_batch(
         n_targets=sum(e.n_trainable for e in examples),
         n_inputs=sum(len(e.input_ids) for e in examples),
         logit_positions=target_positions(packed_labels),
+        sequence_starts=starts,
+        longest_sequence=longest,
     )

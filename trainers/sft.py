@@ -70,6 +70,7 @@ def sft_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
         "attention_mask": batch.attention_mask,
         "position_ids": batch.position_ids,
         "use_cache": False,  # also required for packing: with a cache, transformers ignores packed positions
+        **batch.attention_kwargs(),  # packed: the sequences' bounds, for flash attention's varlen kernel
     }
     split = decoder_and_head(model)
     if split is None:

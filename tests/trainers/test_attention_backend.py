@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from trainers.modeling import use_plan_free_attention
+from trainers import varlen_attention
+from trainers.modeling import use_cuda_attention_kernels, use_plan_free_attention
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +32,21 @@ def test_a_cpu_trainer_leaves_the_switch_alone() -> None:
     torch.backends.cuda.enable_cudnn_sdp(True)
     use_plan_free_attention(torch.device("cpu"))
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.fixture
+def _restore_sdpa() -> Iterator[None]:
+    yield
+    varlen_attention.uninstall()
+
+
+@pytest.mark.usefixtures("_restore_sdpa")
+def test_a_cuda_trainer_routes_packed_sequences_to_the_varlen_kernel() -> None:
+    """Where this torch has the variable-length kernel (>= 2.10, as the pinned 2.13 does), a CUDA trainer
+    process routes sdpa through ``varlen_attention``; a CPU one keeps transformers' own sdpa."""
+    assert varlen_attention.varlen_attn is not None
+    use_cuda_attention_kernels(torch.device("cpu"))
+    assert not varlen_attention.installed()
+    use_cuda_attention_kernels(torch.device("cuda", 0))
+    assert varlen_attention.installed()
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
