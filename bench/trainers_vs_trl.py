@@ -14,7 +14,9 @@ loop's first-epoch permutation), batch size, gradient accumulation, sequence len
 schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, precision (fp32 on the
 CPU; on a GPU bf16 autocast, with the frozen LoRA base in bf16 on both sides), no gradient checkpointing,
 no checkpoint saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised
-configs, nothing downloads), and MFU for full fine-tuning (bench/model_flops.py).
+configs, nothing downloads), and MFU for full fine-tuning (bench/model_flops.py); ``--batch-size 64``
+gives full fine-tuning a micro-batch that keeps an H200 busy (the sizes' 16 rows leave its steps bound by
+the host's kernel launches).
 
 Both sides run in the environment a worker gives its trainer processes (``worker.launch.trainer_environment``:
 glibc keeps freed memory for reuse instead of unmapping it); ``--trl-default-allocator`` runs TRL with
@@ -55,6 +57,7 @@ rollouts after the first, sampling, scoring and the PPO epochs included); each s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -83,6 +86,7 @@ FULL_FINE_TUNING = {"sft_full", "sft_full_packed"}  # the rows whose MFU is repo
 # TRL 1.16 (the venv's) has no PPO any more; 1.12's trl/experimental/ppo is installed into its own target
 # directory under CACHE once, and only the TRL PPO child puts it first on sys.path
 TRL_PPO_VERSION = "1.12.0"
+BATCH_SIZE_VARIABLE = "TUNEHOUSE_BENCH_BATCH_SIZE"  # --batch-size, as the children get it
 PPO_EPOCHS = 4  # passes over each rollout: both libraries' default (one optimizer step each, 1 mini-batch)
 PPO_KL_COEF = 0.05  # both libraries' default
 
@@ -620,6 +624,15 @@ def run_trl_ppo(model: Path, size: Size, out: Path, seed: int) -> Clock:
     return clock
 
 
+def with_batch_size(size: Size, batch_size: str | None) -> Size:
+    """``size`` with ``batch_size`` rows per micro-batch (None: as it is), and as many more rows, so that
+    the run still takes ``size.steps`` steps and sees each row once."""
+    if batch_size is None:
+        return size
+    rows = int(batch_size)
+    return dataclasses.replace(size, batch_size=rows, n_rows=size.n_rows * rows // size.batch_size)
+
+
 def child(impl: str, method: str, model_name: str, size_name: str, seed: int) -> dict[str, Any]:
     import torch
 
@@ -632,7 +645,7 @@ def child(impl: str, method: str, model_name: str, size_name: str, seed: int) ->
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
     model = model_path(model_name)
-    size = SIZES[size_name]
+    size = with_batch_size(SIZES[size_name], os.environ.get(BATCH_SIZE_VARIABLE))
     with tempfile.TemporaryDirectory() as out:
         run = run_ours if impl == "ours" else run_trl
         clock = run(method, model, size, Path(out), seed)
@@ -766,8 +779,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run TRL with glibc's default allocator settings (ours keeps the worker's; see measure())",
     )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows per micro-batch instead of the size's own, rows per run scaled alike (a GPU row's MFU "
+        "at a batch that feeds the GPU: 64 on an H200)",
+    )
     parser.add_argument("--child", nargs=5, metavar=("IMPL", "METHOD", "MODEL", "SIZE", "SEED"))
     args = parser.parse_args(argv)
+    if args.batch_size:  # the children read it (the environment travels to them, see measure())
+        os.environ[BATCH_SIZE_VARIABLE] = str(args.batch_size)
     if args.child:
         impl, method, model, size, seed = args.child
         print(json.dumps(child(impl, method, model, size, int(seed))), flush=True)
