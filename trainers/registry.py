@@ -384,7 +384,9 @@ SUPERVISED = Method(
             "packing",
             "bool",
             False,
-            "bin each micro-batch into rows of max_length (best-fit decreasing); without it, "
+            "bin each micro-batch into rows of max_length (best-fit decreasing), each example "
+            "attending only to itself (on CUDA with bf16/fp16, through flash attention's variable-length "
+            "kernel); without it, "
             "Llama/Mistral/Qwen2/Qwen3/Phi-3 models still drop the padding (rows no wider than the "
             "micro-batch's longest example), as the preference methods always do",
         ),
