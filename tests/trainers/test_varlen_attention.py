@@ -34,6 +34,20 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     varlen_attention.uninstall()
 
 
+@pytest.fixture
+def varlen_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per call of the variable-length path (``segment_attention``), which still runs."""
+    calls: list[int] = []
+    segment_attention = varlen_attention.segment_attention
+
+    def spy(*args: Any) -> torch.Tensor:
+        calls.append(1)
+        return segment_attention(*args)
+
+    monkeypatch.setattr(varlen_attention, "segment_attention", spy)
+    return calls
+
+
 def test_sequence_starts_cover_every_packed_sequence_and_padded_tail() -> None:
     position_ids = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])  # row 0 ends in a 1-token tail
     starts, longest = varlen_attention.sequence_starts(position_ids)
@@ -118,7 +132,7 @@ def test_the_decoder_hands_every_layer_the_bounds(
     tiny_model_path: Path,
     tokenizer: PreTrainedTokenizerBase,
     demo_rows: list[dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
+    varlen_calls: list[int],
 ) -> None:
     """``sft_loss`` on a packed batch: every layer takes the variable-length path, and loss and gradients
     equal those of the block-diagonal mask transformers builds (``uninstall``: its own sdpa)."""
@@ -129,24 +143,16 @@ def test_the_decoder_hands_every_layer_the_bounds(
         examples, pad_token_id=tokenizer.pad_token_id, max_length=max(*lengths, sum(lengths) // 3)
     )
     assert batch.input_ids.shape[0] > 1  # several rows, several sequences per row
-    calls: list[int] = []
-    segment_attention = varlen_attention.segment_attention
-
-    def spy(*args: Any) -> torch.Tensor:
-        calls.append(1)
-        return segment_attention(*args)
-
-    monkeypatch.setattr(varlen_attention, "segment_attention", spy)
     loss = sft_loss(model, batch).loss
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    assert len(calls) == model.config.num_hidden_layers
+    assert len(varlen_calls) == model.config.num_hidden_layers
     model.zero_grad()
 
     varlen_attention.uninstall()
     expected = sft_loss(model, batch).loss
     expected.backward()
-    assert len(calls) == model.config.num_hidden_layers  # not called again
+    assert len(varlen_calls) == model.config.num_hidden_layers  # not called again
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(
@@ -158,6 +164,7 @@ def test_a_packed_run_with_bounds_trains_as_a_padded_one(
     installed: None,
     make_config: Callable[..., SFTConfig],
     demo_rows: list[dict[str, Any]],
+    varlen_calls: list[int],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Through the whole trainer (its decoder layers that keep less for backward included)."""
@@ -165,21 +172,13 @@ def test_a_packed_run_with_bounds_trains_as_a_padded_one(
 
     base = str(Path(make_config().output_dir).parent)
     packed, padded = Recorder(), Recorder()
-    calls: list[int] = []
-    segment_attention = varlen_attention.segment_attention
-
-    def spy(*args: Any) -> torch.Tensor:
-        calls.append(1)
-        return segment_attention(*args)
-
-    monkeypatch.setattr(varlen_attention, "segment_attention", spy)
     run = {"use_lora": False, "learning_rate": 1e-3, "max_steps": 3, "max_length": 160, "packing": True}
     train_sft(make_config(**run, output_dir=f"{base}/packed"), demo_rows, None, packed)
-    assert calls  # the packed run took the variable-length path
-    calls.clear()
+    assert varlen_calls  # the packed run took the variable-length path
+    varlen_calls.clear()
     monkeypatch.setattr(sft, "runs_packed", lambda model: False)
     train_sft(make_config(**{**run, "packing": False}, output_dir=f"{base}/padded"), demo_rows, None, padded)
-    assert not calls
+    assert not varlen_calls
     assert len(packed.losses) == 3
     # on CUDA the trainer's default bf16 autocast rounds the two kernels' sums differently
     tolerance = {"rel": 1e-2} if torch.cuda.is_available() else {"abs": 1e-5}
