@@ -16,6 +16,7 @@ from sqlalchemy.orm import sessionmaker
 
 from service.db import session_scope
 from service.ids import new_id
+from service.jobs import fairness
 from service.jobs.fairness import fair_order, queue_positions
 from service.models import Job, Tenant
 from worker import lease
@@ -99,6 +100,33 @@ def test_positions_are_counted_within_each_queue_and_only_for_queued_jobs() -> N
     with session_scope() as session:
         assert queue_positions(session, [first, other_queue, done]) == {first: 1, other_queue: 1}
     assert _order() == [first]
+
+
+def test_positions_of_one_job_and_of_a_whole_page_both_follow_the_fair_order() -> None:
+    """A few asked jobs get their positions counted one by one, many get them from one rank of the queue
+    (``fairness._COUNTED_UP_TO``): both give each job its place in its own queue's fair order, ties in
+    every figure but the last included (tenants never served, served at the same second, running jobs)."""
+    tenants = [_tenant() for _ in range(4)]
+    now = int(time.time())
+    _job(tenants[0], status="running", worker_id="w", heartbeat_at=time.time(), started_at=now)
+    _job(tenants[1], status="succeeded", started_at=now - 60)
+    _job(tenants[2], status="succeeded", started_at=now - 60)
+    queued = [_job(tenants[i % 4], queue="tunehouse" if i % 5 else "tunehouse-other") for i in range(14)]
+    with session_scope() as session:  # queued at the same time: only their ids tell tied jobs apart
+        session.execute(update(Job).where(Job.id.in_(queued)).values(queued_at=_clock[0]))
+    with session_scope() as session:
+        order = fair_order(session)
+        one_by_one = {j: queue_positions(session, [j])[j] for j in queued}
+        all_at_once = queue_positions(session, queued)
+    seen: dict[str, int] = {}
+    expected = {}
+    for waiting in order:
+        seen[waiting.queue] = seen.get(waiting.queue, 0) + 1
+        expected[waiting.job_id] = seen[waiting.queue]
+    assert len(queued) > fairness._COUNTED_UP_TO
+    assert one_by_one == expected
+    assert all_at_once == expected
+    assert sorted(expected.values()) == sorted([*range(1, 12), *range(1, 4)])
 
 
 def _claim(limit: int, worker: str = "w") -> str | None:
