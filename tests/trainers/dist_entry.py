@@ -68,6 +68,11 @@ def main(spec_path: str) -> None:
         "steps_done": result.steps,
     }
     Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
+    # every rank done before any tears its process group down: gloo's barrier also waits for the
+    # collectives still in flight. A rank of an FSDP run once aborted at teardown ("terminate called
+    # without an active exception", exit -6) after its run had ended; suspected, not reproduced, cause:
+    # destroying the group while FSDP's last asynchronous collective or the other rank was still busy
+    dist.barrier()
     dist.shutdown()
 
 
