@@ -17,7 +17,7 @@ job the next free worker starts (unless its tenant is at its limit).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
@@ -97,15 +97,7 @@ def fair_order(session: Session, *, queues: Sequence[str] | None = None) -> list
     return [Waiting(*row) for row in session.execute(_fair_order_of_queues(), {"queues": list(queues)})]
 
 
-_WAITING_COLUMNS = (
-    "job_id",
-    "tenant_id",
-    "queue",
-    "turn",
-    "tenant_running",
-    "tenant_last_started",
-    "queued_at",
-)
+_WAITING_COLUMNS = tuple(f.name for f in fields(Waiting))  # the order the fair-order query selects
 
 
 # The statements below are built once, with their parameters bound at execution: the cache key of a
