@@ -47,7 +47,7 @@ from trainers.checkpoint import (
     restore_training_state,
     save_checkpoint,
 )
-from trainers.modeling import autocast_dtype
+from trainers.modeling import autocast_dtype, computing_in
 from trainers.schedule import build_scheduler
 
 __all__ = [
@@ -415,9 +415,8 @@ class _Loop(Generic[E, B]):
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()  # type: ignore[no-untyped-call]
 
-    def _autocast(self) -> torch.autocast | nullcontext[None]:
-        dtype = self.compute_dtype
-        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else nullcontext()
+    def _autocast(self) -> AbstractContextManager[None]:
+        return computing_in(self.model, self.compute_dtype, self.device)
 
     def _forward(self, batch: B) -> LossSums:
         with self._autocast():

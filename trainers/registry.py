@@ -263,7 +263,8 @@ COMMON: tuple[Hyperparameter, ...] = (
         "mixed_precision",
         "str",
         "auto",
-        "compute precision; auto: bf16 on capable GPUs",
+        "compute precision; auto: bf16 on capable GPUs, fp32 on CPUs; bf16 on a CPU autocasts too (faster "
+        "where the CPU has AVX512-BF16 or AMX); fp16 on a CPU trains in fp32",
         choices=("auto", "no", "bf16", "fp16"),
     ),
     _p("gradient_checkpointing", "bool", False, "recompute each layer in backward: least memory, slower"),

@@ -3,9 +3,9 @@ rollouts, max_steps, a resumed position), the warmup it lays over them, what can
 back, the extra module it trains, and the mixed-precision plumbing.
 
 The loop's arithmetic is checked against an independent enumeration of a run's steps, not against
-the formula it uses. Where CUDA decides (``modeling.autocast_dtype`` answers None on a CPU), the tests
-replace that one decision so that the loop's bf16 and fp16 branches run on the CPU: a stand-in for the
-GPU this suite does not have; the branches themselves are the real code.
+the formula it uses. bf16 autocast is real on the CPU; fp16 is CUDA's only (``modeling.autocast_dtype``
+answers None for it on a CPU), so its test replaces that one decision to run the loop's fp16 branch on
+the CPU: a stand-in for the GPU this suite does not have; the branch itself is the real code.
 """
 
 from __future__ import annotations
@@ -234,18 +234,20 @@ def test_an_extra_module_trains_with_the_model(
     assert not torch.equal(head.weight.detach(), before)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_mixed_precision_autocasts_the_loss_and_scales_fp16(
     make_config: Callable[..., SFTConfig],
     tokenizer: PreTrainedTokenizerBase,
     demo_rows: list[dict[str, Any]],
     monkeypatch: pytest.MonkeyPatch,
+    precision: str,
     dtype: torch.dtype,
 ) -> None:
-    """What a GPU's answer to ``mixed_precision`` makes the loop do (the answer stubbed, see the module
-    docstring): every loss runs under autocast in that dtype; fp16 alone gets a gradient scaler, whose
-    state is checkpointed and restored on resume (a skipped step's reduced scale carries over)."""
-    monkeypatch.setattr(loop, "autocast_dtype", lambda precision, device: dtype)
+    """What ``mixed_precision`` makes the loop do (fp16's answer stubbed, see the module docstring):
+    every loss runs under autocast in that dtype; fp16 alone gets a gradient scaler, whose state is
+    checkpointed and restored on resume (a skipped step's reduced scale carries over)."""
+    if dtype == torch.float16:
+        monkeypatch.setattr(loop, "autocast_dtype", lambda precision, device: dtype)
     autocast: list[tuple[bool, torch.dtype]] = []
     overflow_at = {2}  # the loss of step 2 is made non-finite: fp16's scaler skips the step, halves its scale
 
@@ -255,7 +257,7 @@ def test_mixed_precision_autocasts_the_loss_and_scales_fp16(
         step = len(autocast)
         return LossSums(out.loss * (math.inf if step in overflow_at else 1.0), out.metrics)
 
-    run = {"batch_size": 4, "max_steps": 4, "save_steps": 3, "mixed_precision": "fp16"}
+    run = {"batch_size": 4, "max_steps": 4, "save_steps": 3, "mixed_precision": precision}
     config = make_config(**run)
     task = _task(config, tokenizer, demo_rows[:16], loss_fn=recording_loss)
     rec = Recorder()
