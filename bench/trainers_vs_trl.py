@@ -11,9 +11,9 @@ the median of the runs and the ratios ours/TRL.
 
 Both sides get the same model, rows, data order (TRL's sampler set to sequential over rows put in our
 loop's first-epoch permutation), batch size, gradient accumulation, sequence length, learning rate,
-schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, precision (fp32 on the
-CPU; on a GPU bf16 autocast, with the frozen LoRA base in bf16 on both sides), no gradient checkpointing,
-no checkpoint saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised
+schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, precision (``precision()``:
+bf16 autocast on a GPU and on a CPU with bf16 products, with the frozen LoRA base in bf16 on both sides;
+else fp32; ``--precision`` chooses), no gradient checkpointing, no checkpoint saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised
 configs, nothing downloads), and MFU for full fine-tuning (bench/model_flops.py); ``--batch-size 64``
 gives full fine-tuning a micro-batch that keeps an H200 busy (the sizes' 16 rows leave its steps bound by
 the host's kernel launches).
@@ -87,6 +87,7 @@ FULL_FINE_TUNING = {"sft_full", "sft_full_packed"}  # the rows whose MFU is repo
 # directory under CACHE once, and only the TRL PPO child puts it first on sys.path
 TRL_PPO_VERSION = "1.12.0"
 BATCH_SIZE_VARIABLE = "TUNEHOUSE_BENCH_BATCH_SIZE"  # --batch-size, as the children get it
+PRECISION_VARIABLE = "TUNEHOUSE_BENCH_PRECISION"  # --precision, as the children get it
 PPO_EPOCHS = 4  # passes over each rollout: both libraries' default (one optimizer step each, 1 mini-batch)
 PPO_KL_COEF = 0.05  # both libraries' default
 
@@ -301,10 +302,22 @@ def _peak_memory() -> float:
 
 
 def precision() -> str:
-    """Both sides' best configuration on the hardware: bf16 autocast on a GPU, fp32 on the CPU."""
+    """Both sides' precision, their best on the hardware unless ``--precision`` says: bf16 autocast on a
+    GPU and on a CPU with bf16 matrix instructions (AVX512-BF16 or AMX: a product 2-3x faster than in
+    fp32), else fp32. On the CPU that is our ``mixed_precision: "bf16"`` and TRL's ``bf16=True``."""
     import torch
 
-    return "bf16" if torch.cuda.is_available() else "no"
+    chosen = os.environ.get(PRECISION_VARIABLE)
+    if chosen:
+        return chosen
+    return "bf16" if torch.cuda.is_available() or cpu_has_bf16_products() else "no"
+
+
+def cpu_has_bf16_products() -> bool:
+    import torch
+
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU checks (private)
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
@@ -393,6 +406,7 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
 
 
 def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
+    import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -441,6 +455,7 @@ def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock
         "save_strategy": "no",
         "report_to": [],
         "bf16": precision() == "bf16",
+        "use_cpu": not torch.cuda.is_available(),  # transformers refuses bf16 on a CPU without it
         "fp16": False,
         "dataloader_num_workers": 0,
         "train_sampling_strategy": "sequential",
@@ -596,6 +611,7 @@ def run_trl_ppo(model: Path, size: Size, out: Path, seed: int) -> Clock:
         save_strategy="no",
         report_to=[],
         bf16=precision() == "bf16",
+        use_cpu=not torch.cuda.is_available(),
         fp16=False,
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -786,10 +802,19 @@ def main(argv: list[str] | None = None) -> int:
         help="rows per micro-batch instead of the size's own, rows per run scaled alike (a GPU row's MFU "
         "at a batch that feeds the GPU: 64 on an H200)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=("no", "bf16"),
+        default=None,
+        help="both sides' compute precision: no (fp32) or bf16 autocast; default: bf16 where the GPU or "
+        "CPU has bf16 products, else fp32",
+    )
     parser.add_argument("--child", nargs=5, metavar=("IMPL", "METHOD", "MODEL", "SIZE", "SEED"))
     args = parser.parse_args(argv)
     if args.batch_size:  # the children read it (the environment travels to them, see measure())
         os.environ[BATCH_SIZE_VARIABLE] = str(args.batch_size)
+    if args.precision:
+        os.environ[PRECISION_VARIABLE] = args.precision
     if args.child:
         impl, method, model, size, seed = args.child
         print(json.dumps(child(impl, method, model, size, int(seed))), flush=True)
