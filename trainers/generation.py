@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+# transformers 5.24 renamed a decoder's KV-cache argument and output `past_key_values` to `cache` (the
+# old name warns until 5.40, and the suite turns warnings into errors)
+_MAJOR_MINOR = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+KV_CACHE = "cache" if _MAJOR_MINOR >= (5, 24) else "past_key_values"
 
 
 def load_causal_lm(path: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
@@ -151,8 +157,8 @@ class Generation:
         past: Any = None
         with torch.no_grad():
             for step in range(max_new_tokens):
-                out = model(input_ids=step_input, past_key_values=past, use_cache=True)
-                past = out.past_key_values
+                out = model(input_ids=step_input, use_cache=True, **{KV_CACHE: past})
+                past = getattr(out, KV_CACHE)
                 next_ids = pick_next(
                     out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p, generator=generator
                 )
