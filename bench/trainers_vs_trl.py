@@ -11,11 +11,12 @@ the median of the runs and the ratios ours/TRL.
 
 Both sides get the same model, rows, data order (TRL's sampler set to sequential over rows put in our
 loop's first-epoch permutation), batch size, gradient accumulation, sequence length, learning rate,
-schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, precision (``precision()``:
-bf16 autocast on a GPU and on a CPU with bf16 products, with the frozen LoRA base in bf16 on both sides;
-else fp32; ``--precision`` chooses), no gradient checkpointing, no checkpoint saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised
-configs, nothing downloads), and MFU for full fine-tuning (bench/model_flops.py); ``--batch-size 64``
-gives full fine-tuning a micro-batch that keeps an H200 busy (the sizes' 16 rows leave its steps bound by
+schedule, LoRA settings (r 8, alpha 16, every linear layer but the head), seed, precision
+(``precision()``: bf16 autocast on a GPU and on a CPU with bf16 products, with the frozen LoRA base in
+bf16 on both sides; else fp32; ``--precision`` chooses), no gradient checkpointing, no checkpoint
+saving. On a GPU: ``--models smollm2-random,llama-0.5b-random`` (random-initialised configs, nothing
+downloads), and MFU for full fine-tuning (bench/model_flops.py); ``--batch-size 64`` gives full
+fine-tuning a micro-batch that keeps an H200 busy (the sizes' 16 rows leave its steps bound by
 the host's kernel launches).
 
 Both sides run in the environment a worker gives its trainer processes (``worker.launch.trainer_environment``:
