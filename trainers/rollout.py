@@ -35,6 +35,7 @@ from trainers.data import _bos_text
 from trainers.errors import DataError
 from trainers.example_store import ExampleWriter
 from trainers.loop import PreparedStep
+from trainers.merged_lora import merged_lora
 from trainers.modeling import decoder_and_head, packed_hidden_states, pair_packing
 from trainers.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 
@@ -213,7 +214,7 @@ def generate_rollout(
     model.eval()
     devices = [device] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), merged_lora(model):
             torch.manual_seed(seed)
             generate: Any = model.generate  # transformers types generate() loosely
             # greedy decoding takes no sampling knobs (transformers warns when they are given)
