@@ -20,7 +20,8 @@ scores, and splits the rollout into ``micro_batch_spans`` (``Rollout.select`` tr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, NoReturn, Self, TypeVar
 
@@ -185,6 +186,25 @@ def rollout_seed() -> int:
     return int(torch.randint(0, 2**62, (1,)).item()) + dist.rank()
 
 
+@contextmanager
+def contiguous_head_input(model: torch.nn.Module) -> Iterator[None]:
+    """The output head given a contiguous input for the block. ``generate``'s first forward applies the
+    head to the prompt's last position only (``hidden[:, -1:, :]``, a strided view), and a linear layer
+    on a strided 3-D input runs as a batched product against the weight expanded over the batch, which
+    the CPU copies first: for SmolLM2's head (49,152 × 576) and 8 rows, 410 ms against 5 ms for the
+    same product on a contiguous copy of the 8 hidden states (torch 2.13)."""
+    output_embeddings = getattr(model, "get_output_embeddings", None)  # a transformers model's method
+    head = output_embeddings() if callable(output_embeddings) else None
+    if not isinstance(head, torch.nn.Module):
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda _head, args: (args[0].contiguous(), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def generate_rollout(
     model: torch.nn.Module,
@@ -214,7 +234,7 @@ def generate_rollout(
     model.eval()
     devices = [device] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=devices), merged_lora(model):
+        with torch.random.fork_rng(devices=devices), merged_lora(model), contiguous_head_input(model):
             torch.manual_seed(seed)
             generate: Any = model.generate  # transformers types generate() loosely
             # greedy decoding takes no sampling knobs (transformers warns when they are given)

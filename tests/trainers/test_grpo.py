@@ -238,6 +238,28 @@ def test_rollout_masks_truncation_seeding_and_columns(
     assert torch.allclose(logps[i, :n], alone.squeeze(-1), atol=1e-5)
 
 
+def test_rollouts_give_the_head_contiguous_inputs(
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """``generate``'s first step applies the head to a strided view (each row's last position), which
+    the CPU runs as a batched product against a copy of the head per row (trainers/rollout.py)."""
+    model: Any = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    seen: list[tuple[tuple[int, ...], bool]] = []
+    model.lm_head.register_forward_hook(
+        lambda _head, args, _out: seen.append((tuple(args[0].shape), args[0].is_contiguous()))
+    )
+    prompts = tokenize_rl_rows(
+        [{"prompt": "Hi"}, {"prompt": "Capital of Peru?"}], tokenizer, max_prompt_length=64
+    )
+    generate_rollout(model, tokenizer, prompts, num_generations=2, max_completion_length=3, seed=0)
+    assert seen[0] == ((4, 1, 64), True)  # the prompt's step, where the view is strided
+    assert all(contiguous for _, contiguous in seen)
+    seen.clear()
+    with torch.no_grad():
+        model.lm_head(torch.zeros(4, 6, 64)[:, -1:, :])
+    assert seen == [((4, 1, 64), False)]  # the hook is gone afterwards
+
+
 # -- training -----------------------------------------------------------------------------------------------
 def test_grpo_reward_rises(grpo_config: Callable[..., GRPOConfig]) -> None:
     rec = Recorder()
