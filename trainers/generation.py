@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,26 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 # old name warns until 5.40, and the suite turns warnings into errors)
 _MAJOR_MINOR = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 KV_CACHE = "cache" if _MAJOR_MINOR >= (5, 24) else "past_key_values"
+
+
+@contextmanager
+def contiguous_head_input(model: torch.nn.Module) -> Iterator[None]:
+    """The output head given a contiguous input for the block. A decoding loop's first forward
+    (``generate``'s, ``Generation.run``'s) applies the head to the prompt's last position only
+    (``hidden[:, -1:, :]``, a strided view), and a linear layer on a strided 3-D input runs as a batched
+    product against the weight expanded over the batch, which the CPU copies first: for SmolLM2's head
+    (49,152 × 576) and 8 rows, 410 ms against 5 ms for the same product on a contiguous copy of the 8
+    hidden states in bf16 (torch 2.13)."""
+    output_embeddings = getattr(model, "get_output_embeddings", None)  # a transformers model's method
+    head = output_embeddings() if callable(output_embeddings) else None
+    if not isinstance(head, torch.nn.Module):
+        yield
+        return
+    handle = head.register_forward_pre_hook(lambda _head, args: (args[0].contiguous(), *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def load_causal_lm(path: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
@@ -42,7 +63,7 @@ def load_causal_lm(path: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
 
 
 def load_with_adapter(base_path: str | Path, adapter_dir: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
-    """A LoRA checkpoint (the adapter only) on its base model, and the checkpoint's tokenizer."""
+    """A LoRA checkpoint (the adapter only) merged into its base model, and the checkpoint's tokenizer."""
     from peft import PeftModel
 
     base, _ = load_causal_lm(base_path)
@@ -51,7 +72,10 @@ def load_with_adapter(base_path: str | Path, adapter_dir: str | Path) -> tuple[A
         warnings.filterwarnings(
             "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
         )
-        model: Any = PeftModel.from_pretrained(base, str(adapter_dir))
+        adapted: Any = PeftModel.from_pretrained(base, str(adapter_dir))
+    # merged into the base for good (this model only serves): a decoding step then runs one product per
+    # adapted layer instead of the base's and the adapter's two, and none of peft's code around them
+    model = adapted.merge_and_unload()
     model.eval()
     return model, AutoTokenizer.from_pretrained(adapter_dir)
 
@@ -155,9 +179,10 @@ class Generation:
             generator.manual_seed(seed)
         step_input = torch.tensor([prompt_ids] * len(self.choices), dtype=torch.long, device=device)
         past: Any = None
-        with torch.no_grad():
+        with torch.no_grad(), contiguous_head_input(model):
             for step in range(max_new_tokens):
-                out = model(input_ids=step_input, use_cache=True, **{KV_CACHE: past})
+                # logits at each row's last position only: the prompt's others predict nothing here
+                out = model(input_ids=step_input, use_cache=True, logits_to_keep=1, **{KV_CACHE: past})
                 past = getattr(out, KV_CACHE)
                 next_ids = pick_next(
                     out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p, generator=generator

@@ -20,8 +20,7 @@ scores, and splits the rollout into ``micro_batch_spans`` (``Rollout.select`` tr
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, NoReturn, Self, TypeVar
 
@@ -35,6 +34,7 @@ from trainers import distributed as dist
 from trainers.data import _bos_text
 from trainers.errors import DataError
 from trainers.example_store import ExampleWriter
+from trainers.generation import contiguous_head_input
 from trainers.loop import PreparedStep
 from trainers.merged_lora import merged_lora
 from trainers.modeling import decoder_and_head, packed_hidden_states, pair_packing
@@ -184,25 +184,6 @@ def rollout_seed() -> int:
     """The seed of a step's sampling: drawn from the loop's RNG, so a resumed run draws the same
     completions, plus the rank, so that ranks (which share the loop's RNG) sample differently."""
     return int(torch.randint(0, 2**62, (1,)).item()) + dist.rank()
-
-
-@contextmanager
-def contiguous_head_input(model: torch.nn.Module) -> Iterator[None]:
-    """The output head given a contiguous input for the block. ``generate``'s first forward applies the
-    head to the prompt's last position only (``hidden[:, -1:, :]``, a strided view), and a linear layer
-    on a strided 3-D input runs as a batched product against the weight expanded over the batch, which
-    the CPU copies first: for SmolLM2's head (49,152 × 576) and 8 rows, 410 ms against 5 ms for the
-    same product on a contiguous copy of the 8 hidden states (torch 2.13)."""
-    output_embeddings = getattr(model, "get_output_embeddings", None)  # a transformers model's method
-    head = output_embeddings() if callable(output_embeddings) else None
-    if not isinstance(head, torch.nn.Module):
-        yield
-        return
-    handle = head.register_forward_pre_hook(lambda _head, args: (args[0].contiguous(), *args[1:]))
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainers.generation import Generation, chat_prompt_ids, load_causal_lm, pick_next
+from trainers.generation import Generation, chat_prompt_ids, load_causal_lm, load_with_adapter, pick_next
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -38,6 +38,48 @@ def test_greedy_matches_transformers_generate(loaded: tuple[Any, Any]) -> None:
     # our KV-cache loop picks the same tokens as transformers' own greedy search
     assert generation.choices[0].ids == reference[: len(generation.choices[0].ids)]
     assert generation.texts[0] == tokenizer.decode(generation.choices[0].ids, skip_special_tokens=True)
+
+
+def test_the_prompt_step_computes_the_last_positions_logits_only(loaded: tuple[Any, Any]) -> None:
+    """The head runs on one position a row, given contiguous (a strided view costs a copy of the head
+    per row on the CPU: trainers/generation.py)."""
+    model = loaded[0]
+    seen: list[tuple[tuple[int, ...], bool]] = []
+    hook = model.lm_head.register_forward_hook(
+        lambda _head, args, _out: seen.append((tuple(args[0].shape), args[0].is_contiguous()))
+    )
+    try:
+        _run(loaded, n=2, max_new_tokens=3, temperature=0.0, top_p=1.0, seed=0)
+    finally:
+        hook.remove()
+    assert seen == [((2, 1, model.config.hidden_size), True)] * 3
+
+
+def test_an_adapter_checkpoint_is_served_merged_into_its_base(tiny_model_path: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    base, tokenizer = load_causal_lm(tiny_model_path)
+    with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):  # peft 0.21 on transformers 5
+        adapted: Any = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)  # B starts at zero: an adapter that changes nothing proves nothing
+    adapted.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ids = torch.tensor([chat_prompt_ids(tokenizer, CHAT)])
+    with torch.no_grad():
+        expected = adapted(input_ids=ids).logits
+        with adapted.disable_adapter():
+            plain = adapted(input_ids=ids).logits
+    served, _ = load_with_adapter(tiny_model_path, tmp_path)
+    assert not isinstance(served, PeftModel) and not served.training
+    assert not any(isinstance(module, BaseTunerLayer) for module in served.modules())  # no adapter products
+    with torch.no_grad():
+        logits = served(input_ids=ids).logits
+    assert (logits - expected).abs().max() < 1e-5 < (plain - expected).abs().max() / 1000
 
 
 def test_streamed_pieces_add_up_and_length_is_reported(loaded: tuple[Any, Any]) -> None:
