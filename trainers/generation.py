@@ -109,22 +109,55 @@ def stop_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
 
 
 def pick_next(
-    logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator
+    logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """Next token per row of `logits` (B, V): argmax at temperature 0, else nucleus sampling.
+    """Next token per row of `logits` (B, V): argmax at temperature 0, else nucleus sampling
+    (``generator`` None: torch's default one of the logits' device).
 
     Nucleus (Holtzman et al. 2019): keep the smallest set of tokens whose probability reaches `top_p`
     (the most likely token always stays), renormalise, sample.
     """
     if temperature <= 0.0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above
         sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return sample_by_cdf(probs, generator)
+
+
+def sample_by_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of ``weights`` (B, V; not negative, any positive sum), drawn with probability
+    proportional to its weight: the first index whose running sum passes a uniform draw times the row's
+    sum. ``torch.multinomial`` draws one exponential variate per weight instead, which on the CPU took
+    7.6 ms a decoding step for 8 rows of SmolLM2's 49,152 tokens, against 0.5 ms for this (torch 2.13).
+    The running sums are float64, so the rounding of 49,152 float32 additions does not shift them."""
+    cumulative = weights.double().cumsum(dim=-1)
+    draw = torch.rand(
+        (*weights.shape[:-1], 1), generator=generator, device=weights.device, dtype=torch.float64
+    )
+    picked = torch.searchsorted(cumulative, draw * cumulative[..., -1:], right=True)
+    picked = picked.clamp_(max=weights.size(-1) - 1)
+    # a draw that rounds up to the row's sum would land past its last positive weight: never a zero one
+    zero = weights.gather(-1, picked) <= 0
+    return torch.where(zero, weights.argmax(dim=-1, keepdim=True), picked).squeeze(-1)
+
+
+class SamplingProcessor:
+    """A ``generate`` logits processor that samples (``pick_next``) and leaves only the sampled token
+    finite, for greedy search to pick: ``generate``'s own sampling goes through ``torch.multinomial``
+    (``sample_by_cdf`` says what that cost). Draws come from torch's default generator, which the
+    caller seeds."""
+
+    def __init__(self, *, temperature: float, top_p: float) -> None:
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        picked = pick_next(scores, temperature=self.temperature, top_p=self.top_p, generator=None)
+        only = torch.full_like(scores, -float("inf"))
+        return only.scatter_(-1, picked.unsqueeze(-1), 0.0)
 
 
 @dataclass

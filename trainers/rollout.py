@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 from jinja2 import TemplateError
 from peft import PeftModel
-from transformers import PreTrainedTokenizerBase
+from transformers import LogitsProcessorList, PreTrainedTokenizerBase
 
 from trainers import distributed as dist
 from trainers.data import _bos_text
 from trainers.errors import DataError
 from trainers.example_store import ExampleWriter
-from trainers.generation import contiguous_head_input
+from trainers.generation import SamplingProcessor, contiguous_head_input
 from trainers.loop import PreparedStep
 from trainers.merged_lora import merged_lora
 from trainers.modeling import decoder_and_head, packed_hidden_states, pair_packing
@@ -218,12 +218,15 @@ def generate_rollout(
         with torch.random.fork_rng(devices=devices), merged_lora(model), contiguous_head_input(model):
             torch.manual_seed(seed)
             generate: Any = model.generate  # transformers types generate() loosely
-            # greedy decoding takes no sampling knobs (transformers warns when they are given)
-            sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": 0}
+            # generate's greedy search, which takes no sampling knobs (transformers warns when they are
+            # given); to sample, the last logits processor draws the token and leaves it alone to pick
+            sampling: dict[str, Any] = {"do_sample": False}
+            if not greedy:
+                processor = SamplingProcessor(temperature=temperature, top_p=top_p)
+                sampling["logits_processor"] = LogitsProcessorList([processor])
             output = generate(
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,
-                do_sample=not greedy,
                 **sampling,
                 max_new_tokens=max_completion_length,
                 eos_token_id=eos_id,

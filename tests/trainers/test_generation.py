@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 import torch
 
-from trainers.generation import Generation, chat_prompt_ids, load_causal_lm, load_with_adapter, pick_next
+from trainers.generation import (
+    Generation,
+    SamplingProcessor,
+    chat_prompt_ids,
+    load_causal_lm,
+    load_with_adapter,
+    pick_next,
+    sample_by_cdf,
+)
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -125,6 +133,54 @@ def test_nucleus_keeps_only_the_top_token_at_small_top_p() -> None:
     wide = pick_next(logits, temperature=1.0, top_p=1.0, generator=generator)
     assert set(wide.tolist()) > {1}
     assert pick_next(logits, temperature=0.0, top_p=1.0, generator=generator).tolist() == [1] * 64
+
+
+def test_draws_follow_the_weights() -> None:
+    """200,000 draws a row: each token's share within 5 standard errors of its probability, and a
+    zero weight never drawn, whatever the row's sum."""
+    weights = torch.tensor([[0.0, 0.5, 0.2, 0.0, 0.3], [3.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 7.0]])
+    rows, draws = weights.size(0), 200_000
+    generator = torch.Generator().manual_seed(0)
+    picked = sample_by_cdf(weights.repeat_interleave(draws, dim=0), generator).view(rows, draws)
+    shares = torch.stack([torch.bincount(row, minlength=5) for row in picked]).double() / draws
+    expected = weights.double() / weights.double().sum(dim=1, keepdim=True)
+    standard_error = (expected * (1 - expected) / draws).sqrt()
+    assert ((shares - expected).abs() <= 5 * standard_error).all(), shares
+    assert (shares[expected == 0] == 0).all()
+    again = sample_by_cdf(weights, torch.Generator().manual_seed(0))
+    assert torch.equal(again, sample_by_cdf(weights, torch.Generator().manual_seed(0)))
+
+
+def test_generate_with_the_sampling_processor_samples_the_models_distribution(
+    loaded: tuple[Any, Any],
+) -> None:
+    """Greedy search over the processor's scores samples the temperature-scaled, nucleus-cut softmax
+    of the model's next-token logits: the first tokens of 4,000 rows against those probabilities."""
+    model, tokenizer = loaded
+    prompt = torch.tensor([chat_prompt_ids(tokenizer, CHAT)])
+    with torch.no_grad():
+        logits = model(input_ids=prompt).logits[0, -1]
+    temperature, top_p, rows = 2.0, 0.9, 4_000
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    ranked, order = probs.sort(descending=True)
+    kept = order[(ranked.cumsum(0) - ranked) < top_p]
+    expected = torch.zeros_like(probs)
+    expected[kept] = probs[kept] / probs[kept].sum()
+    torch.manual_seed(0)
+    out = model.generate(
+        input_ids=prompt.repeat(rows, 1),
+        do_sample=False,
+        logits_processor=[SamplingProcessor(temperature=temperature, top_p=top_p)],
+        max_new_tokens=1,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    shares = torch.bincount(out[:, -1], minlength=probs.numel()).double() / rows
+    assert (shares[expected == 0] == 0).all()  # nothing outside the nucleus
+    assert len(kept) > 20  # a wide nucleus: the check below compares many tokens
+    standard_error = (expected * (1 - expected) / rows).sqrt()
+    assert ((shares - expected).abs() <= 5 * standard_error + 1e-9).all()
+    # greedy search of the raw logits would give one token to every row
+    assert (shares > 0).sum() > 20
 
 
 class _CharTokenizer:

@@ -185,7 +185,8 @@ def test_training_steps_equal_trl_on_the_loops_batches(
         assert row["clip_ratio"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
         assert row["reward"] == pytest.approx(sum(given) / len(given))
         if config.beta:
-            assert row["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+            # relative as for the loss: a KL of ~6 carries fp32's rounding of ~6 in its last digits
+            assert row["kl"] == pytest.approx(trl_metrics["kl"][0], rel=1e-5, abs=1e-6)
     if steps > 1:
         assert rec.steps[-1]["clip_ratio"] > 0 and rec.steps[-1]["kl"] > 0
 

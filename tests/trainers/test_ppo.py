@@ -132,13 +132,16 @@ def test_the_rollouts_advantages_follow_from_score_kl_and_eos(
 def test_ppo_score_rises(ppo_config: Callable[..., PPOConfig]) -> None:
     rec = Recorder()
     result = train_ppo(
-        ppo_config(use_lora=False, learning_rate=1e-2, max_steps=32, n_epochs=8),
+        ppo_config(use_lora=False, learning_rate=1e-2, max_steps=48, n_epochs=12),
         ROWS,
         callbacks=rec,
         rewards=HAS_E_SET,
     )
-    scores = [r["score"] for r in rec.steps[::4]]  # one rollout per 4 optimizer steps
-    assert sum(scores[-2:]) / 2 > sum(scores[:2]) / 2 + 0.3, scores
+    scores = [r["score"] for r in rec.steps[::4]]  # one rollout per 4 optimizer steps, 16 completions each
+    # 12 rollouts, the last 4 against the first 4: seeds 0-7 rose by 0.22-0.47, and a run that learns
+    # nothing differs by ~0 ± 0.09 (the first 2 against the last 2 of 8 rollouts, 0.3 apart, failed for
+    # 5 of those 8 seeds: a pass by the seed's luck)
+    assert sum(scores[-4:]) / 4 > sum(scores[:4]) / 4 + 0.2, scores
     assert all(set(r) >= PPO_KEYS for r in rec.steps)
     assert result.final_checkpoint is not None
 
