@@ -261,18 +261,22 @@ def forward_completion(
     *,
     output_hidden_states: bool = False,
 ) -> Any:
-    """Forward pass over prompt + completion; position ids count real tokens only, as in generation."""
+    """Forward pass over prompt + completion; position ids count real tokens only, as in generation.
+    The head runs on the last C + 1 positions only (``logits_to_keep``), a strided slice of the hidden
+    states, so it gets a contiguous copy of them (``contiguous_head_input``: else the CPU copies the head's
+    weight once per row, in forward and again in backward)."""
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    return model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=completion_ids.size(1) + 1,
-        output_hidden_states=output_hidden_states,
-    )
+    with contiguous_head_input(model):
+        return model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=completion_ids.size(1) + 1,
+            output_hidden_states=output_hidden_states,
+        )
 
 
 def token_logps(

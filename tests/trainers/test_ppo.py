@@ -129,6 +129,45 @@ def test_the_rollouts_advantages_follow_from_score_kl_and_eos(
 
 
 # -- training -----------------------------------------------------------------------------------------------
+def test_the_policy_and_value_forward_gives_the_head_contiguous_inputs(tiny_model_path: Path) -> None:
+    """PPO's padded forward asks for the last C + 1 positions' logits, a strided slice of the hidden
+    states, which the CPU ran as a batched product against a copy of the head per row, in forward and
+    backward (trainers/rollout.py ``forward_completion``). The values and log-probs are the head's on
+    the whole forward's hidden states."""
+    model: Any = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    seen: list[tuple[tuple[int, ...], bool]] = []
+    model.lm_head.register_forward_hook(
+        lambda _head, args, _out: seen.append((tuple(args[0].shape), args[0].is_contiguous()))
+    )
+    value_head = torch.nn.Linear(64, 1)
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, 100, (3, 5), generator=generator)
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    completion_ids = torch.randint(3, 100, (3, 4), generator=generator)
+    completion_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    logps, _, values = trainers.ppo.policy_and_values(
+        model, value_head, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0
+    )
+    assert seen == [((3, 5, 64), True)]  # C + 1 of the 9 positions, as a contiguous copy
+    seen.clear()
+    with torch.no_grad():
+        model.lm_head(torch.zeros(3, 9, 64)[:, -5:, :])
+    assert seen == [((3, 5, 64), False)]  # the hook is gone afterwards
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
+            output_hidden_states=True,
+        )
+    whole = torch.log_softmax(out.logits[:, 4:-1].float(), dim=-1)
+    expected = whole.gather(-1, completion_ids[..., None]).squeeze(-1)
+    assert torch.allclose(logps.detach(), expected, atol=1e-5)
+    expected_values = value_head(out.hidden_states[-1][:, 4:-1]).squeeze(-1)
+    assert torch.allclose(values.detach(), expected_values, atol=1e-6)
+
+
 def test_ppo_score_rises(ppo_config: Callable[..., PPOConfig]) -> None:
     rec = Recorder()
     result = train_ppo(
