@@ -106,13 +106,17 @@ def get_sessionmaker() -> sessionmaker[Session]:
 def get_async_engine() -> AsyncEngine | None:
     """The same database through psycopg's async connections, for the API's hot reads
     (service.dependencies.read_only): a read takes no thread. None for SQLite (the embedded server has
-    no async driver; its reads take a thread)."""
+    no async driver; its reads take a thread).
+
+    Its connections autocommit: a read is one statement (a job with its queue position), so a
+    transaction around it bought nothing but a BEGIN and a COMMIT round trip, half the database's CPU
+    for a job's read (docs/benchmarks.md)."""
     settings = get_settings()
     if not settings.database_url.startswith("postgresql+psycopg"):
         return None
     # no overflow: db_slots admits at most db_pool_size requests
     options = _server_pool(settings.database_url, pool_size=settings.db_pool_size, max_overflow=0)
-    engine = create_async_engine(settings.database_url, **options)
+    engine = create_async_engine(settings.database_url, isolation_level="AUTOCOMMIT", **options)
     event.listen(engine.sync_engine, "checkout", _replace_if_hung_up)
     return engine
 

@@ -48,7 +48,9 @@ async def read_only(work: Callable[[Session], T]) -> T:
     """For `async def` read routes: run `work` on a session of its own, on the event loop through the
     async driver (no thread at all: a threadpool hop and the thread switches it causes were a third of
     the CPU of a read, docs/benchmarks.md), in a thread where there is no async driver (SQLite).
-    `work` is plain synchronous ORM code; SQLAlchemy runs it in a greenlet that awaits each query."""
+    `work` is plain synchronous ORM code; SQLAlchemy runs it in a greenlet that awaits each query.
+    It must only read: each of its statements commits on its own (the async engine autocommits), so
+    several statements do not see one snapshot."""
     async with db_slot():
         maker = get_async_sessionmaker()
         if maker is None:

@@ -57,9 +57,10 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobObject, responses=_JOB)
 async def retrieve_job(job_id: str, tenant: TenantDep) -> JobObject:
     # the call a polling dashboard makes most: no thread (bench/test_api_throughput.py)
-    return await read_only(
-        lambda session: _object(session, service.get_job(session, tenant=tenant, job_id=job_id))
+    job, position = await read_only(
+        lambda session: service.get_job_with_position(session, tenant=tenant, job_id=job_id)
     )
+    return JobObject.of(job, queue_position=position)
 
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=_STATE_CHANGE)

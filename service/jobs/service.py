@@ -11,6 +11,7 @@ from sqlalchemy import Select, bindparam, select
 from sqlalchemy.orm import Session
 
 from service.errors import BadRequest, NotFound
+from service.jobs.fairness import position_column
 from service.models import Checkpoint, Job, JobEvent, JobMetric, Tenant
 from service.pagination import check_limit, page
 
@@ -22,11 +23,29 @@ def _job_query() -> Select[Job]:
     return select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
 
 
+@cache
+def _job_with_position_query() -> Select[Job, int | None]:
+    return _job_query().add_columns(position_column())
+
+
+def _no_such_job(job_id: str) -> NotFound:
+    return NotFound(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id", code="job_not_found")
+
+
 def get_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
     job = session.scalar(_job_query(), {"job_id": job_id, "tenant_id": tenant.id})
     if job is None:
-        raise NotFound(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id", code="job_not_found")
+        raise _no_such_job(job_id)
     return job
+
+
+def get_job_with_position(session: Session, *, tenant: Tenant, job_id: str) -> tuple[Job, int | None]:
+    """The job and, if it is queued, its queue position: one statement (a job's read, the call a polling
+    dashboard makes most, had been two: the job, then its position)."""
+    row = session.execute(_job_with_position_query(), {"job_id": job_id, "tenant_id": tenant.id}).first()
+    if row is None:
+        raise _no_such_job(job_id)
+    return row[0], row[1]
 
 
 def list_jobs(
