@@ -217,8 +217,9 @@ class Generation:
                 # logits at each row's last position only: the prompt's others predict nothing here
                 out = model(input_ids=step_input, use_cache=True, logits_to_keep=1, **{KV_CACHE: past})
                 past = getattr(out, KV_CACHE)
+                # pick_next takes the logits in float32 itself
                 next_ids = pick_next(
-                    out.logits[:, -1, :].float(), temperature=temperature, top_p=top_p, generator=generator
+                    out.logits[:, -1, :], temperature=temperature, top_p=top_p, generator=generator
                 )
                 last = step == max_new_tokens - 1
                 updates = []
