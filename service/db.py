@@ -108,9 +108,10 @@ def get_async_engine() -> AsyncEngine | None:
     (service.dependencies.read_only): a read takes no thread. None for SQLite (the embedded server has
     no async driver; its reads take a thread).
 
-    Its connections autocommit: a read is one statement (a job with its queue position), so a
-    transaction around it bought nothing but a BEGIN and a COMMIT round trip, half the database's CPU
-    for a job's read (docs/benchmarks.md)."""
+    Its connections autocommit. Its reads are a job with its queue position (one statement) and, on a
+    cache miss, an API key's row and then its tenant's (rows a foreign key ties), so a transaction
+    around them bought nothing but a BEGIN and a COMMIT round trip: half the database's CPU for a job's
+    read (docs/benchmarks.md)."""
     settings = get_settings()
     if not settings.database_url.startswith("postgresql+psycopg"):
         return None
