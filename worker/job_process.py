@@ -34,6 +34,7 @@ from sqlalchemy import select
 from service.config import get_settings
 from service.db import session_scope
 from service.jobs.events import add_event, state_event
+from service.jobs.live import live_publisher
 from service.jobs.resources import job_resources
 from service.jobs.spec import MethodBase, load_method
 from service.models import File, Job
@@ -51,7 +52,7 @@ from worker.methods import RunInputs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
 from worker.outage import blob_outage_event, retry_blob, retry_db
 from worker.recovery import hand_back
-from worker.reporter import JobReporter, live_publisher
+from worker.reporter import JobReporter
 from worker.result_files import ResultContext, store_result_files
 from worker.trackers import Tracker, TrackerUnavailable, open_trackers
 

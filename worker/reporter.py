@@ -35,7 +35,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.ids import new_id
 from service.jobs.events import add_event
-from service.jobs.stream import channel
+from service.jobs.live import PUBLISH_RETRY_SECONDS, channel
 from service.models import Checkpoint, Job, JobMetric
 from service.storage import BlobStore, BlobStoreUnavailable
 from service.webhooks.events import CHECKPOINT_KIND
@@ -45,26 +45,6 @@ from worker.outage import blob_outage_event, is_outage, retry_blob, retry_db
 from worker.trackers import Tracker
 
 log = logging.getLogger("tunehouse.worker")
-
-# after a failed publish, the live path rests this long: a down Redis must not cost every step a retry
-PUBLISH_RETRY_SECONDS = 2.0
-# a publish to a Redis that hangs (stopped, not closed) gives up after this long: the sender's DB
-# flushes wait behind it, so without a timeout a hung Redis would stop the job's metrics reaching the DB
-PUBLISH_TIMEOUT_SECONDS = 2.0
-
-
-def live_publisher(redis_url: str) -> Any:
-    """The Redis client the live path publishes with: bounded waits, no retries of its own (the
-    sender drops a row it could not publish; the DB flush is the record)."""
-    import redis
-
-    return redis.Redis.from_url(
-        redis_url,
-        socket_connect_timeout=PUBLISH_TIMEOUT_SECONDS,
-        socket_timeout=PUBLISH_TIMEOUT_SECONDS,
-        retry=None,
-    )
-
 
 # the keys OpenAI's checkpoint objects carry, mapped from our step rows
 _CHECKPOINT_METRICS = {

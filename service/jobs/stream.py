@@ -2,7 +2,8 @@
 
 The DB is the record: every pass replays what is newer than the client's cursor. Redis pub/sub (when
 configured) is the fast path: the worker publishes each metric row the moment the trainer logs it,
-so a connected client sees it well under a second later instead of at the next DB flush. The SSE id
+so a connected client sees it well under a second later instead of at the next DB flush, and a
+committed event nudges the stream to read the DB at once (service/jobs/live.py). The SSE id
 is the cursor `e<event seq>.m<metric step>`; the stream ends with an `end` event once the job has
 ended and everything is sent.
 
@@ -32,13 +33,16 @@ from service.config import Settings
 from service.db import DB_UNAVAILABLE_ERRORS, get_sessionmaker
 from service.db_slots import db_slot
 from service.errors import ServiceUnavailable
+from service.jobs.live import channel
 from service.jobs.schemas import TERMINAL_STATUSES, EventObject, metric_object
 from service.models import Job, JobEvent, JobMetric
 from service.shutdown import draining
 
 KEEPALIVE_SECONDS = 15.0
 POLL_SECONDS = 0.25  # without Redis, how often the DB is asked for news
-DB_CATCHUP_SECONDS = 1.0  # with Redis, how often the DB is still read (events live only there)
+# with Redis, how often the DB is still read: for step events, and for any other event whose nudge
+# (service/jobs/live.py) was lost
+DB_CATCHUP_SECONDS = 1.0
 REDIS_RETRY_SECONDS = 2.0  # after Redis failed, how long the stream polls the DB before trying again
 REDIS_CONNECT_TIMEOUT = 1.0  # a down Redis must not hold up the DB fallback
 RECONNECT_MS = 1000  # the `retry:` hint sent when the server drains: clients come back after ~1 s
@@ -54,10 +58,6 @@ log = logging.getLogger("tunehouse.api")
 # expression can state exactly lets the OpenAPI document say which Last-Event-ID values are accepted.
 CURSOR_PATTERN = r"^e([0-9]{1,9})\.m([0-9]{1,9})$"
 _CURSOR = re.compile(CURSOR_PATTERN)
-
-
-def channel(job_id: str) -> str:
-    return f"tunehouse:job:{job_id}"
 
 
 @dataclass
@@ -100,8 +100,14 @@ def _settled(status: str, worker_id: str | None, heartbeat_at: float | None, lea
 def _read_since(
     job_id: str, cursor: Cursor, lease_timeout: float
 ) -> tuple[list[JobEvent], list[JobMetric], str, bool]:
-    """New events and metric rows after `cursor`, the job's status, and whether it is settled."""
+    """New events and metric rows after `cursor`, the job's status, and whether it is settled.
+
+    The status is read first: each statement sees what was committed before it began, so once the
+    status says settled, the events and rows read after it are the job's last ones."""
     with get_sessionmaker()() as session:
+        row = session.execute(
+            select(Job.status, Job.worker_id, Job.heartbeat_at).where(Job.id == job_id)
+        ).one_or_none()
         events = list(
             session.scalars(
                 select(JobEvent)
@@ -118,9 +124,6 @@ def _read_since(
                 .limit(1000)
             )
         )
-        row = session.execute(
-            select(Job.status, Job.worker_id, Job.heartbeat_at).where(Job.id == job_id)
-        ).one_or_none()
     if row is None:  # deleted meanwhile: nothing more will come
         return events, metrics, "failed", True
     status, worker_id, heartbeat_at = row
@@ -213,11 +216,11 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
                 yield _frame("metrics", cursor, metric_object(row))
             if events or metrics:
                 last_sent = time.monotonic()
-            elif settled:
-                yield _frame("end", cursor, {"object": "fine_tuning.job.stream_end", "status": status})
-                return
             if len(events) == 1000 or len(metrics) == 1000:
                 continue  # more history to replay
+            if settled:  # read before the rows (_read_since): nothing newer can come
+                yield _frame("end", cursor, {"object": "fine_tuning.job.stream_end", "status": status})
+                return
             deadline = time.monotonic() + (DB_CATCHUP_SECONDS if live.pubsub is not None else POLL_SECONDS)
             while (left := deadline - time.monotonic()) > 0 and not draining():
                 if live.pubsub is None:
@@ -226,6 +229,8 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
                 published = await live.get(left)
                 if published is None:
                     continue
+                if "step" not in published:
+                    break  # a nudge (service/jobs/live.py): an event was committed, read the DB now
                 step = int(published["step"])
                 if step > cursor.metric_step + 1:
                     # a gap: a message was missed (e.g. published before our subscription took

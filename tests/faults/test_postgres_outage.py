@@ -11,7 +11,7 @@ import time
 import httpx
 import redis
 
-from service.jobs.stream import channel
+from service.jobs.live import channel
 from tests.faults.jobs import StreamReader, assert_ran_once, create_job, wait_metrics
 from tests.faults.servers import FaultStack
 from tests.helpers import chat_rows, upload_ok, wait_for

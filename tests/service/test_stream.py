@@ -1,8 +1,10 @@
 """The SSE stream of a job: history replayed, resumable with Last-Event-ID, ends when the job ends; metric
-rows reach a connected client through Redis before the DB has them."""
+rows reach a connected client through Redis before the DB has them, and a committed event wakes it at
+once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -11,12 +13,16 @@ import threading
 import time
 
 import httpx
+import pytest
 import redis
 from sqlalchemy import select, update
 
 from service.config import get_settings
 from service.db import session_scope
-from service.jobs.stream import _settled
+from service.jobs import stream
+from service.jobs.events import add_event, state_event
+from service.jobs.live import NUDGE, channel
+from service.jobs.stream import Cursor, _settled, job_stream
 from service.models import Job, JobMetric
 from service.storage import LocalBlobStore
 from tests.conftest import Stack
@@ -227,3 +233,67 @@ def test_a_stream_ends_after_a_cancelled_trainers_last_rows(stack: Stack, stack_
     assert [d["step"] for e, _, d in streamed if e == "metrics"] == [m["step"] for m in recorded]
     with session_scope() as session:  # it ended because the worker released the job, not by timeout
         assert session.scalar(select(Job.worker_id).where(Job.id == job_id)) is None
+
+
+def _queued_job(client: httpx.Client) -> str:
+    """A job on a server whose broker has no worker: nothing else writes for it."""
+    job = client.post(
+        "/v1/fine_tuning/jobs",
+        json={"model": "tunehouse/tiny-llama", "training_file": upload_ok(client, chat_rows(4))},
+    )
+    assert job.status_code == 200, job.text
+    return str(job.json()["id"])
+
+
+def test_only_a_committed_event_other_than_a_steps_nudges_its_streams(api_url: str, api_key: str) -> None:
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as c:
+        job_id = _queued_job(c)
+    redis_url = get_settings().redis_url
+    assert redis_url
+    listener = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(channel(job_id))
+    try:
+        with session_scope() as session:  # a step's event: its row travels live already
+            add_event(session, job_id, "Step 1/4: loss=2.5", type="metrics", data={"step": 1})
+        with session_scope() as session:
+            add_event(session, job_id, "rolled back")
+            session.rollback()
+        with session_scope() as session:
+            add_event(session, job_id, "Checkpoint saved at step 1")
+            add_event(session, job_id, "and another in the same transaction")
+        messages = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            message = listener.get_message(timeout=0.5)
+            if message is not None:
+                messages.append(message["data"].decode())
+    finally:
+        listener.close()
+    assert messages == [NUDGE]  # one, for the committed transaction with events
+
+
+def test_a_committed_event_wakes_a_stream_and_the_jobs_end_ends_it(
+    api_url: str, api_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the stream's DB catch-up an hour away, only the nudge of the committed event can bring it,
+    and the stream must end on the read that found the job settled, not wait for another."""
+    monkeypatch.setattr(stream, "DB_CATCHUP_SECONDS", 3600.0)
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as c:
+        job_id = _queued_job(c)
+
+    def finish() -> None:
+        with session_scope() as session:
+            session.execute(update(Job).where(Job.id == job_id).values(status="succeeded"))
+            add_event(session, job_id, "The job has successfully completed", data=state_event("succeeded"))
+
+    async def follow() -> list[str]:
+        frames: list[str] = []
+        async for frame in job_stream(job_id, Cursor(), get_settings()):
+            frames.append(frame.decode())
+            if len(frames) == 1:  # the stream has subscribed before its first read
+                await asyncio.to_thread(finish)
+        return frames
+
+    frames = asyncio.run(asyncio.wait_for(follow(), timeout=30))
+    assert "successfully completed" in frames[-2]
+    assert frames[-1].startswith("event: end") and '"status": "succeeded"' in frames[-1]
