@@ -7,14 +7,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import get_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 # The errors that mean "the database is unreachable", not "this statement is wrong": connection
 # refused/reset (OperationalError), a dead connection (InterfaceError), no pooled connection free in
@@ -112,6 +114,8 @@ def get_async_engine() -> AsyncEngine | None:
     cache miss, an API key's row and then its tenant's (rows a foreign key ties), so a transaction
     around them bought nothing but a BEGIN and a COMMIT round trip: half the database's CPU for a job's
     read (docs/benchmarks.md)."""
+    from sqlalchemy.ext.asyncio import create_async_engine  # the API's only: ~60 ms of a trainer's start
+
     settings = get_settings()
     if not settings.database_url.startswith("postgresql+psycopg"):
         return None
@@ -124,6 +128,8 @@ def get_async_engine() -> AsyncEngine | None:
 
 @lru_cache
 def get_async_sessionmaker() -> async_sessionmaker[AsyncSession] | None:
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+
     engine = get_async_engine()
     return None if engine is None else async_sessionmaker(engine, expire_on_commit=False)
 

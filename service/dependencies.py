@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, TypeVar
 
 import anyio
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -24,6 +24,7 @@ from service.db import get_async_sessionmaker, get_sessionmaker, session_scope
 from service.db_slots import db_slot
 from service.errors import BadRequest
 from service.input_guard import text_problem
+from service.pagination import MAX_LIMIT
 
 
 def _commit(session: Session) -> None:
@@ -35,6 +36,12 @@ def _commit(session: Session) -> None:
     finally:
         session.close()
 
+
+# a list's `limit` and `after` query parameters: bounded in the signature, so OpenAPI documents the
+# range (service/pagination.py pages with them)
+Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
+# the id of the last object of the previous page (ids are at most 40 characters)
+After = Annotated[str | None, Query(min_length=1, max_length=64)]
 
 T = TypeVar("T")
 

@@ -17,16 +17,19 @@ carrying the request id, and keeps the connection usable.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.routing import iter_route_contexts
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
 
 from service.db import DB_UNAVAILABLE_ERRORS
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI, Request
+
+# fastapi itself is imported where the handlers are installed: a trainer process raises these errors
+# (through service.storage) but never answers HTTP, and importing fastapi cost its start ~90 ms
 
 # How long a client should wait before retrying a 503. The database comes back in seconds after a
 # restart or failover (measured in tests/service/test_db_outage.py); 2 s keeps retries cheap and quick.
@@ -198,6 +201,8 @@ def _drop_union_tags(loc: tuple[Any, ...], body: Any) -> tuple[Any, ...]:
 def _allowed_methods(request: Request) -> str:
     # Starlette's 405 lists the methods of the first route whose path matched; a path served by
     # several routes (GET and POST /v1/files) must list them all
+    from fastapi.routing import iter_route_contexts
+
     methods: set[str] = set()
     for route in iter_route_contexts(request.app.routes):
         regex = getattr(route, "path_regex", None)
@@ -207,6 +212,8 @@ def _allowed_methods(request: Request) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    from fastapi.exceptions import RequestValidationError
+
     @app.exception_handler(AppError)
     async def _app_error(_request: Request, exc: AppError) -> JSONResponse:
         return exc.response()

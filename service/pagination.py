@@ -5,9 +5,8 @@ Ids are time-ordered (service/ids.py), so "after X" in newest-first order is sim
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from fastapi import Query
 from sqlalchemy import Select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
@@ -15,11 +14,7 @@ from service.errors import BadRequest
 
 T = TypeVar("T")
 
-MAX_LIMIT = 10_000
-# `limit` and `after` as query parameters: bounded in the signature, so OpenAPI documents the range
-Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
-# the id of the last object of the previous page (ids are at most 40 characters)
-After = Annotated[str | None, Query(min_length=1, max_length=64)]
+MAX_LIMIT = 10_000  # a page's largest `limit` (the routes' query parameter: service.dependencies.Limit)
 
 
 def check_limit(limit: int, *, maximum: int = MAX_LIMIT) -> int:

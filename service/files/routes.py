@@ -10,14 +10,14 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from service.auth import TenantDep
-from service.dependencies import SessionDep, SettingsDep
+from service.dependencies import After, Limit, SessionDep, SettingsDep
 from service.downloads import blob_response
 from service.errors import error_responses
 from service.files import service
 from service.files.schemas import FileDeleted, FileObject
 from service.files.upload import receive_upload
 from service.ids import new_id
-from service.pagination import MAX_LIMIT, After, Limit, list_body
+from service.pagination import MAX_LIMIT, list_body
 from service.storage import get_blob_store
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=error_responses(400, 401, 503))

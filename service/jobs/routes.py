@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from service.auth import TenantDep
-from service.dependencies import SessionDep, SettingsDep, read_only
+from service.dependencies import After, Limit, SessionDep, SettingsDep, read_only
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
 from service.jobs import creation, service, transitions
@@ -19,7 +19,7 @@ from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metri
 from service.jobs.spec import JobCreate
 from service.jobs.stream import CURSOR_PATTERN, Cursor, job_stream
 from service.models import Job
-from service.pagination import After, Limit, list_body
+from service.pagination import list_body
 from trainers.registry import MAX_STEPS
 
 router = APIRouter(

@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.auth import TenantDep
-from service.dependencies import SessionDep
+from service.dependencies import After, Limit, SessionDep
 from service.errors import error_responses
-from service.pagination import After, Limit, list_body
+from service.pagination import list_body
 from service.webhooks import service
 from service.webhooks.schemas import (
     DeliveryObject,

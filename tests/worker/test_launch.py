@@ -173,3 +173,15 @@ def test_an_operators_allocator_setting_wins() -> None:
     env = launch.trainer_environment({"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
     assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
     assert launch.trainer_environment({})["GLIBC_TUNABLES"] == launch.TRAINER_MALLOC_TUNABLES
+
+
+def test_a_trainer_process_leaves_the_apis_libraries_unimported() -> None:
+    """A job's trainer process starts with every job: the web framework, the async database driver and
+    the async Redis client are the API's, and importing them cost each start ~200 ms
+    (docs/benchmarks.md, the service overhead)."""
+    code = (
+        "import sys, worker.job_process; "
+        "print(sorted(m for m in ('fastapi', 'sqlalchemy.ext.asyncio', 'redis.asyncio') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
