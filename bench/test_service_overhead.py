@@ -4,16 +4,18 @@
 
 One SFT job on the tiny model (`OVERHEAD_ROWS` rows, `OVERHEAD_EPOCHS` epochs) goes through the real
 service: upload, POST, an idle Celery worker claims it, spawns its trainer process, which reads the
-file from the blob store, reports every step's metrics and events, checkpoints and uploads the result;
-the client polls until `succeeded`. Then the same trainer runs directly, in a fresh process of its own:
-the job's stored method (its resolved hyperparameters), its seed and the same rows go through the same
-`worker.methods.run_method`, with no reporting, no blob store and no database. Both walls include a
-Python process start and the model load, and end where the caller has its result: the job's when it
-is `succeeded` (its trainer reports that before it exits), the direct run's when `run_method` returns
-(not when its process has exited: the interpreter's exit took ~1.5 s more), in the environment a
-worker gives its trainers (`worker.launch.trainer_environment`). The overhead is their
-difference over the direct wall (the issue's target: at most 5%). The job runs first, after a warm-up
-job, and the two alternate over `OVERHEAD_RUNS` pairs.
+file from the blob store, reports every step's metrics and events, checkpoints and uploads the result.
+The client waits as a user does, with the SDK's `jobs.wait()`: the job's SSE stream, every metric row
+relayed, until the stream ends (or it polls the job every `OVERHEAD_POLL_SECONDS`, if set). Then the
+same trainer runs directly, in a fresh process of its own: the job's stored method (its resolved
+hyperparameters), its seed and the same rows go through the same `worker.methods.run_method`, with no
+reporting, no blob store and no database. Both walls include a Python process start and the model
+load, and end where the caller has its result: the job's when the client learns it `succeeded` (its
+trainer reports that before it exits), the direct run's when `run_method` returns (not when its
+process has exited: the interpreter's exit took ~1.5 s more), in the environment a worker gives its
+trainers (`worker.launch.trainer_environment`). The overhead is their difference over the direct wall
+(the issue's target: at most 5%). The job runs first, after a warm-up job, and the two alternate over
+`OVERHEAD_RUNS` pairs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import tunehouse
 from tests.conftest import WORKER_BROKER, _stop, new_key, start_server
 from tests.helpers import TERMINAL, chat_rows, jsonl, trainer_pid, upload_ok
 from worker.launch import trainer_environment
@@ -37,6 +40,9 @@ from worker.launch import trainer_environment
 ROWS = int(os.environ.get("OVERHEAD_ROWS", "2000"))
 EPOCHS = int(os.environ.get("OVERHEAD_EPOCHS", "4"))
 RUNS = int(os.environ.get("OVERHEAD_RUNS", "2"))
+# 0: the client waits as the SDK's `jobs.wait()` does, on the job's stream; N > 0: it polls the job
+# every N seconds instead (each poll costs the API and PostgreSQL CPU on the trainer's cores)
+POLL_SECONDS = float(os.environ.get("OVERHEAD_POLL_SECONDS", "0"))
 MODEL = "tunehouse/tiny-llama"
 
 # the trainer called directly: argv = stored method (JSON), seed, rows file, output folder
@@ -57,7 +63,7 @@ print(f"returned at {time.time()!r}", flush=True)
 """
 
 
-def _job_wall(client: httpx.Client, file_id: str) -> tuple[float, dict[str, object]]:
+def _job_wall(client: httpx.Client, sdk: tunehouse.Client, file_id: str) -> tuple[float, dict[str, object]]:
     body = {
         "model": MODEL,
         "training_file": file_id,
@@ -65,10 +71,14 @@ def _job_wall(client: httpx.Client, file_id: str) -> tuple[float, dict[str, obje
     }
     started = time.perf_counter()
     job = client.post("/v1/fine_tuning/jobs", json=body).json()
-    while (job := client.get(f"/v1/fine_tuning/jobs/{job['id']}").json())["status"] not in TERMINAL:
-        assert time.perf_counter() - started < 900, job
-        time.sleep(0.05)
+    if POLL_SECONDS:
+        while (job := client.get(f"/v1/fine_tuning/jobs/{job['id']}").json())["status"] not in TERMINAL:
+            assert time.perf_counter() - started < 900, job
+            time.sleep(POLL_SECONDS)
+    else:  # as a user waits: the SDK follows the job's stream until it ends
+        sdk.fine_tuning.jobs.wait(str(job["id"]), timeout=900)
     wall = time.perf_counter() - started
+    job = client.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
     assert job["status"] == "succeeded", job
     while trainer_pid(str(job["id"])) is not None:  # idle again before the next measurement
         time.sleep(0.01)
@@ -99,17 +109,22 @@ def test_service_overhead(tmp_path: Path) -> None:
     pairs: list[tuple[float, float]] = []
     try:
         key = new_key()
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        with (
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client,
+            tunehouse.Client(base_url=url, api_key=key) as sdk,
+        ):
             file_id = upload_ok(client, rows)
-            _job_wall(client, upload_ok(client, chat_rows(4)))  # warm-up: the worker is still starting
+            _job_wall(client, sdk, upload_ok(client, chat_rows(4)))  # warm-up: the worker is still starting
             for _ in range(RUNS):
-                job_s, job = _job_wall(client, file_id)
+                job_s, job = _job_wall(client, sdk, file_id)
                 pairs.append((job_s, _direct_wall(job, rows_file)))
     finally:
         _stop(worker)
         _stop(server)
     tokens = job["trained_tokens"]
+    client_waits = f"polls every {POLL_SECONDS} s" if POLL_SECONDS else "waits on the stream (SDK jobs.wait)"
     print(f"\nSFT on the tiny model, {ROWS} rows x {EPOCHS} epochs ({tokens} trained tokens), {RUNS} pairs")
+    print(f"the client {client_waits}")
     print("| run | job through the service s | trainer called directly s | overhead |")
     print("| --- | --- | --- | --- |")
     for i, (job_s, direct_s) in enumerate(pairs, 1):
