@@ -2,7 +2,8 @@
 
 Metric rows are buffered and flushed to the DB at least every `metrics_flush_seconds` (and at every
 event that matters), so a fast loop does not pay a DB round trip per step; each row is also published
-on Redis (`tunehouse:job:<id>`) the moment it is logged, when Redis is configured, for live streams.
+on Redis (`tunehouse:job:<id>`) as it is logged, when Redis is configured, for live streams (steps that
+come faster than `LIVE_BATCH_SECONDS` go several to a message: service/jobs/live.py).
 Both the publish and the timed flush run on the reporter's own thread (`_send_loop`): the training
 thread only buffers a row and wakes it, so a step never waits on Redis or PostgreSQL round trips. The
 writes that must land before the trainer goes on (an epoch's end, a checkpoint, the end of training)
@@ -18,7 +19,6 @@ lost), cancel checks are skipped, and events and checkpoint records wait for the
 
 from __future__ import annotations
 
-import json
 import logging
 import tarfile
 import tempfile
@@ -35,7 +35,7 @@ from service.config import Settings
 from service.db import session_scope
 from service.ids import new_id
 from service.jobs.events import add_event
-from service.jobs.live import PUBLISH_RETRY_SECONDS, channel
+from service.jobs.live import LIVE_BATCH_SECONDS, PUBLISH_RETRY_SECONDS, channel, rows_message
 from service.models import Checkpoint, Job, JobMetric
 from service.storage import BlobStore, BlobStoreUnavailable
 from service.webhooks.events import CHECKPOINT_KIND
@@ -125,6 +125,7 @@ class JobReporter:
         self._last_poll = 0.0
         self._stop: StopRequest | None = None
         self._publish_retry_at = 0.0
+        self._published_at = 0.0  # monotonic time of the last publish (LIVE_BATCH_SECONDS apart)
         self._db_down_since: float | None = None
         # (step, unix time) this process started training from, for estimated_finish
         self._began_at = time.time()
@@ -293,6 +294,9 @@ class JobReporter:
                 due = self._last_flush + self.settings.metrics_flush_seconds
                 self._wake.wait(timeout=max(0.0, due - time.monotonic()))
                 self._wake.clear()
+                # steps faster than LIVE_BATCH_SECONDS: their rows wait and go out in one message
+                if (rest := self._published_at + LIVE_BATCH_SECONDS - time.monotonic()) > 0:
+                    time.sleep(rest)
                 self._drain_outbox()
                 with self._buffer_lock:
                     requested, self._flush_requested = self._flush_requested, False
@@ -317,12 +321,11 @@ class JobReporter:
 
     def _drain_outbox(self) -> None:
         with self._publish_lock:
-            while True:
-                with self._buffer_lock:
-                    if not self._outbox:
-                        return
-                    row = self._outbox.popleft()
-                self._publish(row)
+            with self._buffer_lock:
+                rows = list(self._outbox)
+                self._outbox.clear()
+            if rows:
+                self._publish(rows)
 
     # -- buffering -----------------------------------------------------------------------------
     def flush(self, *, wait: bool = False) -> None:
@@ -433,14 +436,13 @@ class JobReporter:
         for tracker in self.trackers:
             tracker.log(row)
 
-    def _publish(self, row: dict[str, float]) -> None:
-        """Live path: each row goes to Redis at once (the DB gets it at the next flush)."""
+    def _publish(self, rows: list[dict[str, float]]) -> None:
+        """Live path: the rows go to Redis in one message (the DB gets them at the next flush)."""
         if self.publisher is None or time.monotonic() < self._publish_retry_at:
             return
-        # total_steps rides along so a live client can draw progress before it has read any event
-        message = json.dumps({**row, "step": int(row["step"])})
+        self._published_at = time.monotonic()
         try:
-            self.publisher.publish(channel(self.job_id), message)
+            self.publisher.publish(channel(self.job_id), rows_message(rows))
         except Exception as exc:  # a live stream is best effort; the DB row is the record
             self._publish_retry_at = time.monotonic() + PUBLISH_RETRY_SECONDS
             log.warning("could not publish metrics for %s: %s", self.job_id, exc)

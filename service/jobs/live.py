@@ -1,8 +1,11 @@
 """The live path's publishing side: one Redis channel per job, which SSE streams subscribe to.
 
 Two kinds of message go on a job's channel:
-- a metric row (it has a "step"), published by the worker's reporter the moment the trainer logs it;
-- a nudge (`NUDGE`, no "step"), published once a transaction that added an event to the job has
+- metric rows (`rows_message`), published by the worker's reporter as the trainer logs them: at once,
+  or, when steps come faster than `LIVE_BATCH_SECONDS`, the steps since its last publish in one
+  message, so a fast loop costs the trainer, Redis and every stream one message a tenth of a second
+  rather than one a step;
+- a nudge (`NUDGE`, no rows), published once a transaction that added an event to the job has
   committed: the job's streams read the DB at once instead of at their next catch-up read
   (service/jobs/stream.py), so a state change, a checkpoint or the job's end reaches a client (and
   `jobs.wait()` returns) as soon as it is stored. Step events are the exception: their rows already
@@ -22,6 +25,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import event
@@ -36,6 +40,8 @@ log = logging.getLogger("tunehouse.live")
 PUBLISH_TIMEOUT_SECONDS = 2.0
 # after a failed publish, a publisher rests this long: a down Redis must not cost every step a retry
 PUBLISH_RETRY_SECONDS = 2.0
+# a reporter publishes at most this often; rows logged in between wait for its next publish
+LIVE_BATCH_SECONDS = 0.1
 NUDGE = json.dumps({"nudge": True})
 # the jobs whose events a session added since its transaction began (Session.info key)
 _NUDGE_JOBS = "tunehouse.nudge_jobs"
@@ -45,6 +51,18 @@ _EXIT_DRAIN_SECONDS = 1.0
 
 def channel(job_id: str) -> str:
     return f"tunehouse:job:{job_id}"
+
+
+def rows_message(rows: Sequence[Mapping[str, float]]) -> str:
+    """A message of metric rows, in step order. Each row's step is an integer; total_steps rides along
+    so a live client can draw progress before it has read any event."""
+    return json.dumps({"rows": [{**row, "step": int(row["step"])} for row in rows]})
+
+
+def message_rows(message: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The metric rows of a message read from a job's channel; None for a nudge."""
+    rows = message.get("rows")
+    return None if rows is None else list(rows)
 
 
 def live_publisher(redis_url: str) -> Any:
@@ -125,17 +143,29 @@ class _Nudger:
 
 
 _state: dict[str, Any] = {}
+_state_lock = threading.Lock()  # the API commits from several threads: one nudger per process
 
 
 def _nudger() -> _Nudger | _NoNudger:
-    """The process's nudger, started on first use; a forked child (a Celery pool process) gets its own."""
+    """The process's nudger, started on first use."""
     redis_url = get_settings().redis_url
-    key = (os.getpid(), redis_url)
-    if _state.get("key") != key:
-        _state["key"] = key
-        _state["nudger"] = _Nudger(redis_url) if redis_url else _NoNudger()
-    nudger: _Nudger | _NoNudger = _state["nudger"]
+    with _state_lock:
+        if _state.get("redis_url") != redis_url or "nudger" not in _state:
+            _state["redis_url"] = redis_url
+            _state["nudger"] = _Nudger(redis_url) if redis_url else _NoNudger()
+        nudger: _Nudger | _NoNudger = _state["nudger"]
     return nudger
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a Celery pool process) has no sender thread, and the lock may have been held
+    by another of its parent's threads: it starts afresh."""
+    global _state_lock
+    _state_lock = threading.Lock()
+    _state.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 class _NoNudger:
@@ -151,5 +181,5 @@ class _NoNudger:
 @atexit.register
 def _drain_at_exit() -> None:
     nudger = _state.get("nudger")
-    if nudger is not None and _state.get("key", (None,))[0] == os.getpid():
+    if nudger is not None:
         nudger.drain(_EXIT_DRAIN_SECONDS)

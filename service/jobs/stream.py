@@ -1,11 +1,11 @@
 """A job's events and metric rows as Server-Sent Events, resumable with `Last-Event-ID`.
 
 The DB is the record: every pass replays what is newer than the client's cursor. Redis pub/sub (when
-configured) is the fast path: the worker publishes each metric row the moment the trainer logs it,
-so a connected client sees it well under a second later instead of at the next DB flush, and a
-committed event nudges the stream to read the DB at once (service/jobs/live.py). The SSE id
-is the cursor `e<event seq>.m<metric step>`; the stream ends with an `end` event once the job has
-ended and everything is sent.
+configured) is the fast path: the worker publishes each metric row as the trainer logs it (at most a
+tenth of a second later), so a connected client sees it well under a second later instead of at the
+next DB flush, and a committed event nudges the stream to read the DB at once
+(service/jobs/live.py). The SSE id is the cursor `e<event seq>.m<metric step>`; the stream ends with
+an `end` event once the job has ended and everything is sent.
 
 Redis is optional and may come and go: without it (not configured, down, or dropped mid-stream) the
 stream polls the DB four times a second and resubscribes when Redis is back. A database outage
@@ -33,7 +33,7 @@ from service.config import Settings
 from service.db import DB_UNAVAILABLE_ERRORS, get_sessionmaker
 from service.db_slots import db_slot
 from service.errors import ServiceUnavailable
-from service.jobs.live import channel
+from service.jobs.live import channel, message_rows
 from service.jobs.schemas import TERMINAL_STATUSES, EventObject, metric_object
 from service.models import Job, JobEvent, JobMetric
 from service.shutdown import draining
@@ -188,6 +188,22 @@ class _LiveFeed:
         return None if message is None else dict(json.loads(message["data"]))
 
 
+def _live_frames(rows: list[dict[str, Any]], cursor: Cursor) -> tuple[list[bytes], bool]:
+    """The frames of a live message's rows not sent yet, moving the cursor; and whether a row was
+    missing before them (a gap: a message was missed, e.g. published before the subscription took
+    effect; the DB has every row, so the caller reads it rather than skip a step for good)."""
+    frames: list[bytes] = []
+    for row in rows:
+        step = int(row["step"])
+        if step > cursor.metric_step + 1:
+            return frames, True
+        # a step is sent once, except an evaluation that lands on a step already sent
+        if step == cursor.metric_step + 1 or (step == cursor.metric_step and "valid_loss" in row):
+            cursor.metric_step = step
+            frames.append(_frame("metrics", cursor, {"object": "fine_tuning.job.metric", **row}))
+    return frames, False
+
+
 async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIterator[bytes]:
     live = _LiveFeed(settings.redis_url, job_id)
     try:
@@ -229,20 +245,15 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
                 published = await live.get(left)
                 if published is None:
                     continue
-                if "step" not in published:
+                rows = message_rows(published)
+                if rows is None:
                     break  # a nudge (service/jobs/live.py): an event was committed, read the DB now
-                step = int(published["step"])
-                if step > cursor.metric_step + 1:
-                    # a gap: a message was missed (e.g. published before our subscription took
-                    # effect); the DB has every row, so read it rather than skip a step for good
-                    break
-                # a step is sent once, except an evaluation that lands on a step already sent
-                if step == cursor.metric_step + 1 or (
-                    step == cursor.metric_step and "valid_loss" in published
-                ):
-                    cursor.metric_step = step
+                frames, gap = _live_frames(rows, cursor)
+                if frames:
                     last_sent = time.monotonic()
-                    yield _frame("metrics", cursor, {"object": "fine_tuning.job.metric", **published})
+                    yield b"".join(frames)  # one write for the message's rows
+                if gap:
+                    break
             if time.monotonic() - last_sent > KEEPALIVE_SECONDS:
                 last_sent = time.monotonic()
                 yield b": keep-alive\n\n"

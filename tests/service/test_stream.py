@@ -297,3 +297,16 @@ def test_a_committed_event_wakes_a_stream_and_the_jobs_end_ends_it(
     frames = asyncio.run(asyncio.wait_for(follow(), timeout=30))
     assert "successfully completed" in frames[-2]
     assert frames[-1].startswith("event: end") and '"status": "succeeded"' in frames[-1]
+
+
+def test_a_live_message_sends_its_new_rows_and_stops_at_a_gap() -> None:
+    cursor = Cursor(metric_step=1)
+    rows = [{"step": s, "loss": 1.0} for s in (1, 2, 3)]  # step 1 came already (from the DB, say)
+    frames, gap = stream._live_frames(rows, cursor)
+    assert [json.loads(f.decode().split("data: ")[1])["step"] for f in frames] == [2, 3] and not gap
+    assert cursor.metric_step == 3 and b"id: e0.m3" in frames[-1]
+    evaluation = [{"step": 3, "valid_loss": 0.5}, {"step": 4, "loss": 0.9}]  # joins its step, sent again
+    frames, gap = stream._live_frames(evaluation, cursor)
+    assert len(frames) == 2 and not gap and cursor.metric_step == 4
+    frames, gap = stream._live_frames([{"step": 5}, {"step": 7}, {"step": 8}], cursor)
+    assert len(frames) == 1 and gap and cursor.metric_step == 5  # 6 is missing: the DB is read
