@@ -235,19 +235,9 @@ def test_a_stream_ends_after_a_cancelled_trainers_last_rows(stack: Stack, stack_
         assert session.scalar(select(Job.worker_id).where(Job.id == job_id)) is None
 
 
-def _queued_job(client: httpx.Client) -> str:
-    """A job on a server whose broker has no worker: nothing else writes for it."""
-    job = client.post(
-        "/v1/fine_tuning/jobs",
-        json={"model": "tunehouse/tiny-llama", "training_file": upload_ok(client, chat_rows(4))},
-    )
-    assert job.status_code == 200, job.text
-    return str(job.json()["id"])
-
-
 def test_only_a_committed_event_other_than_a_steps_nudges_its_streams(api_url: str, api_key: str) -> None:
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as c:
-        job_id = _queued_job(c)
+        job_id = _sft_job(c, 4)  # this server's broker has no worker: it stays queued
     redis_url = get_settings().redis_url
     assert redis_url
     listener = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
@@ -262,7 +252,7 @@ def test_only_a_committed_event_other_than_a_steps_nudges_its_streams(api_url: s
             add_event(session, job_id, "Checkpoint saved at step 1")
             add_event(session, job_id, "and another in the same transaction")
         messages = []
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3  # the nudges are sent within milliseconds of their commits
         while time.monotonic() < deadline:
             message = listener.get_message(timeout=0.5)
             if message is not None:
@@ -279,7 +269,7 @@ def test_a_committed_event_wakes_a_stream_and_the_jobs_end_ends_it(
     and the stream must end on the read that found the job settled, not wait for another."""
     monkeypatch.setattr(stream, "DB_CATCHUP_SECONDS", 3600.0)
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60) as c:
-        job_id = _queued_job(c)
+        job_id = _sft_job(c, 4)  # this server's broker has no worker: it stays queued
 
     def finish() -> None:
         with session_scope() as session:
