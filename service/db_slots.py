@@ -51,6 +51,18 @@ def size_threadpool() -> None:
     limiter.total_tokens = max(limiter.total_tokens, get_settings().db_pool_size + SPARE_THREADS)
 
 
+async def _wait_for_slot(slots: anyio.Semaphore) -> None:
+    timeout = get_settings().db_pool_timeout_seconds
+    try:
+        with anyio.fail_after(timeout):
+            await slots.acquire()
+    except TimeoutError as exc:
+        raise ServiceUnavailable(
+            f"The database is busy: no connection came free within {timeout:g} s; retry shortly.",
+            code="database_busy",
+        ) from exc
+
+
 @asynccontextmanager
 async def db_slot() -> AsyncIterator[None]:
     """Hold one of the pool's slots: the caller may then check a connection out without waiting.
@@ -64,15 +76,13 @@ async def db_slot() -> AsyncIterator[None]:
         yield
         return
     slots = _semaphore()
-    timeout = get_settings().db_pool_timeout_seconds
     try:
-        with anyio.fail_after(timeout):
-            await slots.acquire()
-    except TimeoutError as exc:
-        raise ServiceUnavailable(
-            f"The database is busy: no connection came free within {timeout:g} s; retry shortly.",
-            code="database_busy",
-        ) from exc
+        # a free slot (the common case) is taken without a timeout's cancel scope: a tenth of a job
+        # read's CPU went to setting one up (docs/benchmarks.md). A semaphore with a free slot has no
+        # waiters (a release hands the slot to the first waiter), so arrival order still holds.
+        slots.acquire_nowait()
+    except anyio.WouldBlock:
+        await _wait_for_slot(slots)
     _holding.set(True)  # seen by what this task runs next (each request is a task of its own)
     try:
         yield

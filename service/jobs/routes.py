@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from service.auth import TenantDep
-from service.dependencies import After, Limit, SessionDep, SettingsDep, read_only
+from service.dependencies import After, Limit, SessionDep, SettingsDep, read_row
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
 from service.jobs import creation, service, transitions
@@ -57,10 +57,10 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobObject, responses=_JOB)
 async def retrieve_job(job_id: str, tenant: TenantDep) -> JobObject:
     # the call a polling dashboard makes most: no thread (bench/test_api_throughput.py)
-    job, position = await read_only(
-        lambda session: service.get_job_with_position(session, tenant=tenant, job_id=job_id)
-    )
-    return JobObject.of(job, queue_position=position)
+    row = await read_row(service.job_read_query(), {"job_id": job_id, "tenant_id": tenant.id})
+    if row is None:
+        raise service.no_such_job(job_id)
+    return JobObject.of(row, queue_position=row.queue_position)
 
 
 @router.post("/{job_id}/cancel", response_model=JobObject, responses=_STATE_CHANGE)

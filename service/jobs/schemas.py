@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
+from sqlalchemy import Row
 
 from service.jobs.resources import global_batch_size, job_resources
 from service.models import Checkpoint, Job, JobEvent, JobMetric
@@ -30,6 +31,10 @@ class JobError(BaseModel):
     param: str | None = None
     # extension: "user" when the data or spec was at fault, "system" when we were
     fault: Literal["user", "system"] = "system"
+
+
+# a mapped job, or a row of its columns under the same names (service.jobs.service.job_read_query)
+JobFields = Job | Row[Any]
 
 
 class JobObject(BaseModel):
@@ -63,7 +68,7 @@ class JobObject(BaseModel):
     resources: dict[str, Any] = {}
 
     @classmethod
-    def of(cls, job: Job, *, queue_position: int | None = None) -> JobObject:
+    def of(cls, job: JobFields, *, queue_position: int | None = None) -> JobObject:
         method_type = job.method["type"]
         hp = dict(job.method.get(method_type, {}).get("hyperparameters", {}))
         legacy = {k: hp[k] for k in ("n_epochs", "batch_size", "learning_rate_multiplier") if k in hp}
@@ -96,7 +101,7 @@ class JobObject(BaseModel):
         )
 
 
-def _resources(job: Job, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+def _resources(job: JobFields, hyperparameters: dict[str, Any]) -> dict[str, Any]:
     resources = job_resources(job.resources)
     return {**resources.model_dump(), "global_batch_size": global_batch_size(hyperparameters, resources.gpus)}
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import Select, bindparam, inspect, select
 from sqlalchemy.orm import Session
 
 from service.errors import BadRequest, NotFound
@@ -24,28 +24,27 @@ def _job_query() -> Select[Job]:
 
 
 @cache
-def _job_with_position_query() -> Select[Job, int | None]:
-    return _job_query().add_columns(position_column())
+def job_read_query() -> Select[Any]:
+    """A job's read, the call a polling dashboard makes most, as one Core statement: the job's columns,
+    each labelled with its `Job` attribute's name (so a row reads like a `Job` for `JobObject.of`), and
+    its queue position as `queue_position`. Its rows are plain tuples: mapping them to `Job` objects in
+    an ORM session was a seventh of the read's CPU (docs/benchmarks.md). Values bound at execution:
+    `job_id`, `tenant_id`."""
+    columns = [attr.columns[0].label(attr.key) for attr in inspect(Job).column_attrs]
+    return select(*columns, position_column().label("queue_position")).where(
+        Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id")
+    )
 
 
-def _no_such_job(job_id: str) -> NotFound:
+def no_such_job(job_id: str) -> NotFound:
     return NotFound(f"No such fine-tuning job: {job_id}", param="fine_tuning_job_id", code="job_not_found")
 
 
 def get_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
     job = session.scalar(_job_query(), {"job_id": job_id, "tenant_id": tenant.id})
     if job is None:
-        raise _no_such_job(job_id)
+        raise no_such_job(job_id)
     return job
-
-
-def get_job_with_position(session: Session, *, tenant: Tenant, job_id: str) -> tuple[Job, int | None]:
-    """The job and, if it is queued, its queue position: one statement (a job's read, the call a polling
-    dashboard makes most, had been two: the job, then its position)."""
-    row = session.execute(_job_with_position_query(), {"job_id": job_id, "tenant_id": tenant.id}).first()
-    if row is None:
-        raise _no_such_job(job_id)
-    return row[0], row[1]
 
 
 def list_jobs(

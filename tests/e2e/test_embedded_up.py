@@ -68,6 +68,9 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
         assert streamed.status_code == 200, streamed.text
         assert streamed.text.startswith("data: {") and streamed.text.endswith("data: [DONE]\n\n")
         assert [j["status"] for j in jobs] == ["succeeded"]
+        # a job's read (plain rows, read in a thread on SQLite) gives the job the list gives
+        one = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}", headers=headers)
+        assert one.json() == jobs[0]
         metrics = httpx.get(
             f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}/metrics", headers=headers
         ).json()["data"]

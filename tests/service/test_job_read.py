@@ -1,5 +1,5 @@
 """A job's read, the call a polling dashboard makes most, on real PostgreSQL through the async driver
-(service/dependencies.py `read_only`): one statement gives the job and its queue position, and it runs
+(service/dependencies.py `read_row`): one statement gives the job and its queue position, and it runs
 outside a transaction block (no BEGIN and COMMIT round trips around it).
 
 The rows sit in a queue of their own, so no worker claims them and no other test's jobs share their
@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from typing import Any
 
+import httpx
 from psycopg.pq import TransactionStatus
-from sqlalchemy import event
-from sqlalchemy.orm import Session
+from sqlalchemy import event, select
 
 from service.db import dispose_async_engine, get_async_engine, get_async_sessionmaker, session_scope
-from service.dependencies import read_only
+from service.dependencies import read_row
 from service.ids import new_id
 from service.jobs import service
 from service.jobs.fairness import queue_positions
+from service.models import Tenant
+from tests.conftest import new_key
 from tests.helpers import job_row, new_tenant
 
 
@@ -31,23 +32,23 @@ def _read_each(tenant: Any, job_ids: list[str]) -> tuple[dict[str, int | None], 
     statements: list[str] = []
     statuses: set[Any] = set()
 
-    def read(session: Session, *, job_id: str) -> int | None:
-        job, position = service.get_job_with_position(session, tenant=tenant, job_id=job_id)
-        assert job.id == job_id
-        driver = session.connection().connection.driver_connection
-        assert driver is not None
-        statuses.add(driver.info.transaction_status)
-        return position
+    def record(connection: Any, _cursor: Any, statement: str, *_: Any) -> None:  # after_cursor_execute
+        statements.append(statement)
+        statuses.add(connection.connection.driver_connection.info.transaction_status)
 
     async def main() -> dict[str, int | None]:
         engine = get_async_engine()
-        assert engine is not None and get_async_sessionmaker() is not None
-        record = lambda *args: statements.append(args[2])  # noqa: E731 (before_cursor_execute's statement)
-        event.listen(engine.sync_engine, "before_cursor_execute", record)
+        assert engine is not None
+        event.listen(engine.sync_engine, "after_cursor_execute", record)
         try:
-            return {j: await read_only(partial(read, job_id=j)) for j in job_ids}
+            positions: dict[str, int | None] = {}
+            for job_id in job_ids:
+                row = await read_row(service.job_read_query(), {"job_id": job_id, "tenant_id": tenant.id})
+                assert row is not None and row.id == job_id
+                positions[job_id] = row.queue_position
+            return positions
         finally:
-            event.remove(engine.sync_engine, "before_cursor_execute", record)
+            event.remove(engine.sync_engine, "after_cursor_execute", record)
             await dispose_async_engine()  # its connections belong to this test's event loop
 
     try:
@@ -75,3 +76,64 @@ def test_a_jobs_read_gives_its_queue_position_in_one_statement_outside_a_transac
     assert {j: p for j, p in positions.items() if p is not None} == expected
     assert len(statements) == len(job_ids)  # one per read: the position comes with the job
     assert statuses == {TransactionStatus.IDLE}  # autocommit: no transaction left open to COMMIT
+
+
+def test_a_jobs_read_gives_the_job_its_list_gives_in_every_state(api_url: str) -> None:
+    """`GET /v1/fine_tuning/jobs/{id}` reads plain rows (`job_read_query`), the list reads `Job` objects:
+    both make the same object, every field, for jobs in each state and with every optional column set."""
+    name = f"job-read-{new_id('t')}"
+    key = new_key(name)
+    queue = f"test-job-read-{new_id('q')}"
+    now = int(time.time())
+    with session_scope() as session:
+        tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == name))
+        assert tenant_id is not None
+        rows = [
+            job_row(tenant_id, queue=queue, queued_at=now, user_metadata={"team": "a"}, suffix="s"),
+            job_row(tenant_id, queue=queue, queued_at=now + 1, validation_file="file-v"),
+            job_row(
+                tenant_id,
+                "running",
+                queue=queue,
+                started_at=now,
+                current_step=3,
+                total_steps=10,
+                trained_tokens=300,
+                estimated_finish=now + 60,
+                resources={"gpus": 2, "strategy": "ddp"},
+                integrations=[{"type": "wandb", "wandb": {"project": "p"}}],
+            ),
+            job_row(
+                tenant_id,
+                "failed",
+                queue=queue,
+                finished_at=now,
+                error={"code": "invalid_training_file", "message": "line 3", "param": "training_file"},
+            ),
+            job_row(
+                tenant_id,
+                "succeeded",
+                queue=queue,
+                finished_at=now,
+                fine_tuned_model="ft:tiny:s",
+                result_files=["file-r"],
+                trained_tokens=1000,
+            ),
+        ]
+        session.add_all(rows)
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as client:
+        page = client.get("/v1/fine_tuning/jobs", params={"limit": 100}).json()
+        listed = {j["id"]: j for j in page["data"]}
+        read = {r.id: client.get(f"/v1/fine_tuning/jobs/{r.id}").json() for r in rows}
+    assert set(listed) == set(read)
+    assert read == listed
+    first = read[rows[0].id]
+    assert (first["queue_position"], first["metadata"], first["user_provided_suffix"]) == (
+        1,
+        {"team": "a"},
+        "s",
+    )
+    running = read[rows[2].id]
+    assert (running["estimated_finish"], running["resources"]["gpus"]) == (now + 60, 2)
+    assert read[rows[3].id]["error"]["param"] == "training_file"
+    assert read[rows[4].id]["result_files"] == ["file-r"]
