@@ -132,7 +132,7 @@ def test_service_overhead(tmp_path: Path) -> None:
     job_med, direct_med = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
     overhead = (job_med - direct_med) / direct_med
     print(f"median: {job_med:.1f} s vs {direct_med:.1f} s, overhead {overhead:+.1%}")
-    # on a host whose speed drifts between runs (a 2-vCPU VM: the same direct run took 14.4-17.4 s),
+    # on a host whose speed drifts between runs (a 2-vCPU VM: the same direct run took 14.2-19.9 s),
     # two more views of the same pairs: each pair's own overhead, and the fastest run of each side
     each = statistics.median((job_s - direct_s) / direct_s for job_s, direct_s in pairs)
     job_min, direct_min = min(p[0] for p in pairs), min(p[1] for p in pairs)
