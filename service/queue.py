@@ -54,6 +54,12 @@ def make_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=settings.job_queue,
+        # Nothing here uses Celery's remote control (inspect, revoke, broadcast). On the embedded
+        # broker it also costs a crash: every worker binds its control queue into one shared file in
+        # the broker folder at start, and kombu's filesystem transport creates that file before it
+        # locks it, so a second worker starting at the same moment (`tunehouse up` starts the
+        # training and the inference worker together) can read it empty and die of a JSONDecodeError.
+        worker_enable_remote_control=not settings.is_embedded_broker,
     )
     return app
 

@@ -102,10 +102,21 @@ def submit_demo(client: httpx.Client) -> str:
     return str(job.json()["id"])
 
 
-def watch_job(client: httpx.Client, job_id: str, started: float) -> dict[str, Any]:
-    """Print each new metric row until the job ends; returns the final job object."""
+def _check_children(children: list[subprocess.Popen[bytes]]) -> None:
+    """Raise if a child process has exited: a job then waits for a worker that is gone."""
+    for name, child in zip(("API", "training worker", "inference worker"), children, strict=False):
+        if child.poll() is not None:
+            raise EmbeddedError(f"the {name} process exited with code {child.returncode}")
+
+
+def watch_job(
+    client: httpx.Client, job_id: str, started: float, children: list[subprocess.Popen[bytes]]
+) -> dict[str, Any]:
+    """Print each new metric row until the job ends; returns the final job object. Raises
+    EmbeddedError when one of `children` exits meanwhile."""
     after: int | None = None
     while True:
+        _check_children(children)
         params = {"after": after} if after is not None else {}
         job: dict[str, Any] = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
         every = max(1, (job.get("total_steps") or 20) // 20)  # about 20 lines per job
@@ -253,7 +264,7 @@ def _serve(
                 print(
                     f"demo: submitted SFT job {job_id} on tunehouse/tiny-llama; watching it train", flush=True
                 )
-                job = watch_job(client, job_id, started)
+                job = watch_job(client, job_id, started, children)
                 print(
                     f"demo: job {job_id} {job['status']}"
                     + (f"; model {job['fine_tuned_model']}" if job.get("fine_tuned_model") else "")

@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import free_port
+from tunehouse.embedded import EmbeddedError, watch_job
 
 
 def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
@@ -68,6 +70,9 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
         assert streamed.status_code == 200, streamed.text
         assert streamed.text.startswith("data: {") and streamed.text.endswith("data: [DONE]\n\n")
         assert [j["status"] for j in jobs] == ["succeeded"]
+        # no worker bound a remote-control queue: two workers binding it into one file at once could
+        # read it empty and die (service/queue.py)
+        assert not (tmp_path / "data" / "broker" / "celery.pidbox.exchange").exists()
         # a job's read (plain rows, read in a thread on SQLite) gives the job the list gives
         one = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs/{jobs[0]['id']}", headers=headers)
         assert one.json() == jobs[0]
@@ -115,3 +120,20 @@ def test_up_refuses_a_busy_port(tmp_path: Path) -> None:
         )
     assert result.returncode == 2
     assert f"port {port}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_demo_stops_waiting_when_a_worker_has_exited() -> None:
+    """Watching the demo job, `tunehouse up` notices a worker that died (it used to wait forever for a job
+    nobody would run) and says which process exited and how."""
+    api = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    worker = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    worker.wait()
+    try:
+        with (
+            httpx.Client(base_url="http://127.0.0.1:9") as client,  # never reached: it stops first
+            pytest.raises(EmbeddedError, match="the training worker process exited with code 3"),
+        ):
+            watch_job(client, "ftjob-x", time.monotonic(), [api, worker])
+    finally:
+        api.kill()
+        api.wait()
