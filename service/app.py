@@ -11,6 +11,7 @@ from service.base_models.routes import router as models_router
 from service.config import get_settings
 from service.dashboard.routes import mount_dashboard
 from service.db import dispose_async_engine
+from service.db_reads import close_read_connections
 from service.db_slots import size_threadpool
 from service.dependencies import reject_unsafe_url
 from service.errors import install_error_handlers
@@ -33,6 +34,7 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     size_threadpool()
     yield
     await dispose_async_engine()
+    await close_read_connections()
 
 
 def create_app() -> FastAPI:

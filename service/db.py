@@ -29,6 +29,10 @@ DB_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+# a server that does not answer a connection attempt in this long is down (503), not slow
+CONNECT_TIMEOUT_SECONDS = 5
+
+
 def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 20) -> Engine:
     if url.startswith("sqlite"):
         db_file = url.split("///", 1)[-1]
@@ -63,7 +67,7 @@ def _server_pool(url: str, *, pool_size: int, max_overflow: int) -> dict[str, An
         "pool_size": pool_size,
         "max_overflow": max_overflow,
         "pool_timeout": get_settings().db_pool_timeout_seconds,
-        "connect_args": {"connect_timeout": 5} if url.startswith("postgresql") else {},
+        "connect_args": {"connect_timeout": CONNECT_TIMEOUT_SECONDS} if url.startswith("postgresql") else {},
     }
 
 

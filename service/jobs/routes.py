@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from service.auth import TenantDep
+from service.db_reads import CompiledRead
 from service.dependencies import After, Limit, SessionDep, SettingsDep, read_row
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
@@ -54,10 +55,13 @@ def list_jobs(
     return list_body([o.model_dump() for o in _objects(session, rows)], has_more)
 
 
+_JOB_READ = CompiledRead(service.job_read_query())
+
+
 @router.get("/{job_id}", response_model=JobObject, responses=_JOB)
 async def retrieve_job(job_id: str, tenant: TenantDep) -> JobObject:
     # the call a polling dashboard makes most: no thread (bench/test_api_throughput.py)
-    row = await read_row(service.job_read_query(), {"job_id": job_id, "tenant_id": tenant.id})
+    row = await read_row(_JOB_READ, {"job_id": job_id, "tenant_id": tenant.id})
     if row is None:
         raise service.no_such_job(job_id)
     return JobObject.of(row, queue_position=row.queue_position)

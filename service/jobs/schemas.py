@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Row
 
+from service.db_reads import ReadRow
 from service.jobs.resources import global_batch_size, job_resources
 from service.models import Checkpoint, Job, JobEvent, JobMetric
 
@@ -34,7 +34,7 @@ class JobError(BaseModel):
 
 
 # a mapped job, or a row of its columns under the same names (service.jobs.service.job_read_query)
-JobFields = Job | Row[Any]
+JobFields = Job | ReadRow
 
 
 class JobObject(BaseModel):

@@ -1,5 +1,5 @@
-"""A job's read, the call a polling dashboard makes most, on real PostgreSQL through the async driver
-(service/dependencies.py `read_row`): one statement gives the job and its queue position, and it runs
+"""A job's read, the call a polling dashboard makes most, on real PostgreSQL through psycopg's async
+connections (service/dependencies.py `read_row`, service/db_reads.py): one statement gives the job and its queue position, and it runs
 outside a transaction block (no BEGIN and COMMIT round trips around it).
 
 The rows sit in a queue of their own, so no worker claims them and no other test's jobs share their
@@ -13,10 +13,13 @@ import time
 from typing import Any
 
 import httpx
+import psycopg
+import pytest
 from psycopg.pq import TransactionStatus
-from sqlalchemy import event, select
+from sqlalchemy import select
 
-from service.db import dispose_async_engine, get_async_engine, get_async_sessionmaker, session_scope
+from service.db import session_scope
+from service.db_reads import CompiledRead, close_read_connections
 from service.dependencies import read_row
 from service.ids import new_id
 from service.jobs import service
@@ -25,40 +28,43 @@ from service.models import Tenant
 from tests.conftest import new_key
 from tests.helpers import job_row, new_tenant
 
+_JOB_READ = CompiledRead(service.job_read_query())
 
-def _read_each(tenant: Any, job_ids: list[str]) -> tuple[dict[str, int | None], list[str], set[Any]]:
+
+def _read_each(
+    tenant: Any, job_ids: list[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, int | None], list[str], set[Any]]:
     """Each job's position as its read gives it, the statements those reads sent, and the connection's
     transaction status after each read's statement."""
     statements: list[str] = []
     statuses: set[Any] = set()
+    execute = psycopg.AsyncConnection.execute
 
-    def record(connection: Any, _cursor: Any, statement: str, *_: Any) -> None:  # after_cursor_execute
-        statements.append(statement)
-        statuses.add(connection.connection.driver_connection.info.transaction_status)
+    async def recording(self: psycopg.AsyncConnection[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        cursor = await execute(self, query, *args, **kwargs)
+        statements.append(str(query))
+        statuses.add(self.info.transaction_status)
+        return cursor
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", recording)  # the real driver, watched
 
     async def main() -> dict[str, int | None]:
-        engine = get_async_engine()
-        assert engine is not None
-        event.listen(engine.sync_engine, "after_cursor_execute", record)
         try:
             positions: dict[str, int | None] = {}
             for job_id in job_ids:
-                row = await read_row(service.job_read_query(), {"job_id": job_id, "tenant_id": tenant.id})
+                row = await read_row(_JOB_READ, {"job_id": job_id, "tenant_id": tenant.id})
                 assert row is not None and row.id == job_id
                 positions[job_id] = row.queue_position
             return positions
         finally:
-            event.remove(engine.sync_engine, "after_cursor_execute", record)
-            await dispose_async_engine()  # its connections belong to this test's event loop
+            await close_read_connections()  # they belong to this test's event loop
 
-    try:
-        return asyncio.run(main()), statements, statuses
-    finally:
-        get_async_sessionmaker.cache_clear()
-        get_async_engine.cache_clear()
+    return asyncio.run(main()), statements, statuses
 
 
-def test_a_jobs_read_gives_its_queue_position_in_one_statement_outside_a_transaction() -> None:
+def test_a_jobs_read_gives_its_queue_position_in_one_statement_outside_a_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     tenant = new_tenant("job-read")
     queue = f"test-job-read-{new_id('q')}"
     now = time.time()
@@ -68,7 +74,7 @@ def test_a_jobs_read_gives_its_queue_position_in_one_statement_outside_a_transac
         session.add_all([*queued, done])
     job_ids = [j.id for j in [*queued, done]]
 
-    positions, statements, statuses = _read_each(tenant, job_ids)
+    positions, statements, statuses = _read_each(tenant, job_ids, monkeypatch)
 
     with session_scope() as session:
         expected = queue_positions(session, job_ids)
