@@ -1,6 +1,6 @@
 """A job's read, the call a polling dashboard makes most, on real PostgreSQL through psycopg's async
-connections (service/dependencies.py `read_row`, service/db_reads.py): one statement gives the job and its queue position, and it runs
-outside a transaction block (no BEGIN and COMMIT round trips around it).
+connections (service/dependencies.py `read_row`, service/db_reads.py): one statement gives the job and
+its queue position, and it runs outside a transaction block (no BEGIN and COMMIT round trips around it).
 
 The rows sit in a queue of their own, so no worker claims them and no other test's jobs share their
 positions.
