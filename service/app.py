@@ -11,7 +11,6 @@ from fastapi import Depends, FastAPI
 from service.base_models.routes import router as models_router
 from service.config import get_settings
 from service.dashboard.routes import mount_dashboard
-from service.db import dispose_async_engine
 from service.db_reads import close_read_connections
 from service.db_slots import size_threadpool
 from service.dependencies import reject_unsafe_url
@@ -45,7 +44,6 @@ async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
     size_threadpool()
     _freeze_startup_heap()
     yield
-    await dispose_async_engine()
     await close_read_connections()
 
 

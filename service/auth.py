@@ -17,11 +17,12 @@ from typing import Annotated
 
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from service import key_cache
-from service.dependencies import read_only
+from service.db_reads import CompiledRead, ReadRow
+from service.dependencies import read_row
 from service.errors import NotFound, Unauthorized
 from service.ids import new_id, now
 from service.models import ApiKey, Tenant
@@ -63,6 +64,38 @@ def _lookup_part(key: str) -> str | None:
     return parts[1] if len(parts) >= 2 and parts[0] == KEY_PREFIX and parts[1] else None
 
 
+# A key's row and its tenant's in one statement, for the API's event loop (service/db_reads.py) and
+# for sessions alike; no row when the key is unknown or its tenant was deleted under it. Bound at
+# execution: `lookup`.
+_KEY_READ = CompiledRead(
+    select(
+        ApiKey.key_hash,
+        ApiKey.revoked_at,
+        ApiKey.expires_at,
+        Tenant.id.label("tenant_id"),
+        Tenant.name.label("tenant_name"),
+        Tenant.created_at.label("tenant_created_at"),
+    )
+    .join(Tenant, Tenant.id == ApiKey.tenant_id)
+    .where(ApiKey.lookup == bindparam("lookup"))
+)
+
+
+def _tenant_of(row: ReadRow | None, *, lookup: str | None, key_hash: str) -> Tenant:
+    """The tenant of a key whose row (`_KEY_READ`) is `row`, cached for the next request; Unauthorized
+    saying why otherwise (only once the secret matched)."""
+    if lookup is None or row is None or not hmac.compare_digest(row.key_hash, key_hash):
+        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+    if row.revoked_at is not None:
+        raise Unauthorized("This API key has been revoked.", code="invalid_api_key")
+    if row.expires_at is not None and row.expires_at <= now():
+        raise Unauthorized("This API key has expired.", code="expired_api_key")
+    # not attached to any session: a request reads its id and name, it never writes it
+    tenant = Tenant(id=row.tenant_id, name=row.tenant_name, created_at=row.tenant_created_at)
+    key_cache.put(lookup, key_hash, row.expires_at, tenant)
+    return tenant
+
+
 def authenticate(session: Session, key: str) -> Tenant:
     """The tenant of a valid key; Unauthorized saying why otherwise (only once the secret matched)."""
     lookup = _lookup_part(key)
@@ -70,18 +103,8 @@ def authenticate(session: Session, key: str) -> Tenant:
     cached = key_cache.get(lookup, key_hash) if lookup else None
     if cached is not None:
         return cached
-    row = session.scalar(select(ApiKey).where(ApiKey.lookup == lookup)) if lookup else None
-    if row is None or not hmac.compare_digest(row.key_hash, key_hash):
-        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
-    if row.revoked_at is not None:
-        raise Unauthorized("This API key has been revoked.", code="invalid_api_key")
-    if row.expires_at is not None and row.expires_at <= now():
-        raise Unauthorized("This API key has expired.", code="expired_api_key")
-    tenant = session.get(Tenant, row.tenant_id)
-    if tenant is None:  # the tenant was deleted under the key (ON DELETE CASCADE makes this a race)
-        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
-    key_cache.put(row.lookup, key_hash, row.expires_at, tenant)
-    return tenant
+    row = session.execute(_KEY_READ.statement, {"lookup": lookup}).first() if lookup else None
+    return _tenant_of(row, lookup=lookup, key_hash=key_hash)
 
 
 def tenant_for_key(session: Session, key: str) -> Tenant | None:
@@ -163,11 +186,16 @@ async def _current_tenant(
         )
     key = credentials.credentials.strip()
     lookup = _lookup_part(key)
-    # a cached key costs no thread and no query; otherwise its row is read on a session of its own,
-    # holding a database slot only while it reads (or the slot its request holds already): a route
-    # that needs no request session, like a job's read, opens none
-    cached = key_cache.get(lookup, _hash(key)) if lookup else None
-    return cached if cached is not None else await read_only(lambda session: authenticate(session, key))
+    key_hash = _hash(key)
+    if lookup is None:
+        return _tenant_of(None, lookup=None, key_hash=key_hash)
+    # a cached key costs no thread and no query; otherwise its row is read on the event loop, holding
+    # a database slot only while it reads (or the slot its request holds already): a route that needs
+    # no request session, like a job's read, opens none
+    cached = key_cache.get(lookup, key_hash)
+    if cached is not None:
+        return cached
+    return _tenant_of(await read_row(_KEY_READ, {"lookup": lookup}), lookup=lookup, key_hash=key_hash)
 
 
 TenantDep = Annotated[Tenant, Depends(_current_tenant)]

@@ -7,16 +7,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import get_settings
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 # The errors that mean "the database is unreachable", not "this statement is wrong": connection
 # refused/reset (OperationalError), a dead connection (InterfaceError), no pooled connection free in
@@ -72,7 +69,8 @@ def _server_pool(url: str, *, pool_size: int, max_overflow: int) -> dict[str, An
 
 
 def server_hung_up(dbapi_connection: Any) -> bool:
-    """Whether the server has closed this idle connection, asked of the socket alone.
+    """Whether the server has closed this idle psycopg connection (the sync pool's, or the API's read
+    connections, service/db_reads.py), asked of the socket alone.
 
     Between requests nothing is owed on a pooled connection, so its socket has something to read only
     when the server spoke unasked: the notice a backend sends as it is terminated, or the end of the
@@ -80,8 +78,6 @@ def server_hung_up(dbapi_connection: Any) -> bool:
     reconnect, nothing worse.) `pool_pre_ping` found the same with a `SELECT 1` round trip per
     checkout: 0.37 ms of the 1.73 ms of client CPU that reading one queued job took (docs/benchmarks.md).
     """
-    # the async pool hands the adapter; its psycopg connection is `driver_connection`
-    dbapi_connection = getattr(dbapi_connection, "driver_connection", dbapi_connection)
     if dbapi_connection.closed or dbapi_connection.broken:
         return True
     readable, _, _ = select.select([dbapi_connection.fileno()], [], [], 0)
@@ -106,42 +102,6 @@ def get_engine() -> Engine:
 @lru_cache
 def get_sessionmaker() -> sessionmaker[Session]:
     return sessionmaker(bind=get_engine(), expire_on_commit=False)
-
-
-@lru_cache
-def get_async_engine() -> AsyncEngine | None:
-    """The same database through psycopg's async connections, for the API's hot reads
-    (service.dependencies.read_only): a read takes no thread. None for SQLite (the embedded server has
-    no async driver; its reads take a thread).
-
-    Its connections autocommit. Its reads are a job with its queue position (one statement) and, on a
-    cache miss, an API key's row and then its tenant's (rows a foreign key ties), so a transaction
-    around them bought nothing but a BEGIN and a COMMIT round trip: half the database's CPU for a job's
-    read (docs/benchmarks.md)."""
-    from sqlalchemy.ext.asyncio import create_async_engine  # the API's only: ~60 ms of a trainer's start
-
-    settings = get_settings()
-    if not settings.database_url.startswith("postgresql+psycopg"):
-        return None
-    # no overflow: db_slots admits at most db_pool_size requests
-    options = _server_pool(settings.database_url, pool_size=settings.db_pool_size, max_overflow=0)
-    engine = create_async_engine(settings.database_url, isolation_level="AUTOCOMMIT", **options)
-    event.listen(engine.sync_engine, "checkout", _replace_if_hung_up)
-    return engine
-
-
-@lru_cache
-def get_async_sessionmaker() -> async_sessionmaker[AsyncSession] | None:
-    from sqlalchemy.ext.asyncio import async_sessionmaker
-
-    engine = get_async_engine()
-    return None if engine is None else async_sessionmaker(engine, expire_on_commit=False)
-
-
-async def dispose_async_engine() -> None:
-    """At the API's shutdown: close the async pool's connections on the loop that opened them."""
-    if get_async_engine.cache_info().currsize and (engine := get_async_engine()) is not None:
-        await engine.dispose()
 
 
 @contextmanager

@@ -1,17 +1,19 @@
-"""The API's hottest reads on psycopg's async connections directly, with no SQLAlchemy engine between.
+"""The API's hottest reads on psycopg's async connections directly, with no SQLAlchemy engine between:
+a job's read, and an API key's lookup when the key is not cached (service/auth.py).
 
 Why: a job's read is the call a dashboard fleet makes most (bench/test_api_throughput.py). Through
-SQLAlchemy's async engine its one statement cost the app 0.24 ms of CPU: the pool's checkout, the
-greenlet that adapts the async driver, the result's processing. On a psycopg connection kept here it
-costs 0.09 ms (docs/benchmarks.md). The statement is still built with SQLAlchemy, and compiled once
-per process (`CompiledRead`).
+SQLAlchemy's async engine, which the API used until then, its one statement cost the app 0.24 ms of
+CPU: the pool's checkout, the greenlet that adapts the async driver, the result's processing. On a
+psycopg connection kept here it costs 0.09 ms (docs/benchmarks.md). The statement is still built
+with SQLAlchemy, and compiled once per process (`CompiledRead`).
 
 What SQLAlchemy's pool did for these reads is done here too: a connection the server hung up on is
-replaced at checkout (`service.db.server_hung_up`), a connection whose read failed or was cancelled is
-closed rather than reused, and the connections are closed at the API's shutdown. They autocommit, as
-the async engine's do: a read of one statement needs no transaction. How many are in use at once is
-bounded by the caller's database slot (service/db_slots.py), how many are kept idle by
-`db_pool_size`. PostgreSQL only: on SQLite `read_connections` is None and the caller reads in a thread.
+replaced at checkout (`service.db.server_hung_up`), a connection whose read failed or was cancelled
+is closed rather than reused, and the connections are closed at the API's shutdown. They autocommit:
+a read of one statement needs no transaction around it, and a BEGIN and a COMMIT were half the
+database's CPU for a job's read (docs/benchmarks.md). How many are in use at once is bounded by the
+caller's database slot (service/db_slots.py), how many are kept idle by `db_pool_size`. PostgreSQL
+only: on SQLite `read_connections` is None and the caller reads in a thread.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class CompiledRead:
     """A Core statement compiled once for psycopg: its SQL and the constants it binds. The values it
     leaves to execution (`bindparam`s without a value) are given to `ReadConnections.first`."""
 
-    def __init__(self, statement: Select[Any] | TextClause) -> None:
+    def __init__(self, statement: Select[*tuple[Any, ...]] | TextClause) -> None:
         self.statement = statement  # as it is, for SQLite's reads in a thread
         compiled = statement.compile(dialect=PGDialectAsync_psycopg())  # type: ignore[no-untyped-call]
         self.sql = str(compiled)

@@ -5,15 +5,15 @@ The request session is an async dependency on purpose: it waits for a database s
 first query, in the same threadpool hop as the route's work); only the commit takes a thread.
 Dependencies that do no I/O are `async def` too, so they cost no threadpool hop.
 
-`read_row` (a job's read) and `read_only` (a key's tenant when it is not cached) are the paths of the
-hot reads: no request session and no thread; the read runs on the event loop through psycopg's async
-driver and holds a slot only while it reads.
+`read_row` is the path of the hot reads (a job's read, a key's tenant when it is not cached): no
+request session and no thread; the read runs on the event loop on psycopg's async connections
+(service/db_reads.py) and holds a slot only while it reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Annotated, Any
 
 import anyio
 from fastapi import Depends, Query, Request
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.config import Settings, get_settings
-from service.db import get_async_sessionmaker, get_sessionmaker, session_scope
+from service.db import get_sessionmaker, session_scope
 from service.db_reads import CompiledRead, ReadRow, read_connections
 from service.db_slots import db_slot
 from service.errors import BadRequest
@@ -45,34 +45,6 @@ def _commit(session: Session) -> None:
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 # the id of the last object of the previous page (ids are at most 40 characters)
 After = Annotated[str | None, Query(min_length=1, max_length=64)]
-
-T = TypeVar("T")
-
-
-def _read_in_thread(work: Callable[[Session], T]) -> T:
-    with session_scope() as session:
-        return work(session)
-
-
-async def read_only(work: Callable[[Session], T]) -> T:
-    """For `async def` read routes: run `work` on a session of its own, on the event loop through the
-    async driver (no thread at all: a threadpool hop and the thread switches it causes were a third of
-    the CPU of a read, docs/benchmarks.md), in a thread where there is no async driver (SQLite).
-    `work` is plain synchronous ORM code; SQLAlchemy runs it in a greenlet that awaits each query.
-    It must only read: each of its statements commits on its own (the async engine autocommits), so
-    several statements do not see one snapshot."""
-    async with db_slot():
-        maker = get_async_sessionmaker()
-        if maker is None:
-            return await run_in_threadpool(_read_in_thread, work)
-        session = maker()
-        try:
-            result = await session.run_sync(work)
-            await session.commit()
-            return result
-        finally:
-            with anyio.CancelScope(shield=True):  # a disconnected client must not leak the connection
-                await session.close()
 
 
 def _first_row_in_thread(statement: Executable, params: Mapping[str, Any]) -> Row[Any] | None:
