@@ -94,6 +94,17 @@ def start_trainer(command: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, env=trainer_environment(os.environ), preexec_fn=die_with_parent)
 
 
+def trainer_exited(proc: subprocess.Popen[bytes], *, within: float) -> bool:
+    """Whether the trainer has exited, waiting up to `within` seconds for it. It returns within ~50 ms
+    of the exit (`Popen.wait` polls at most that far apart), so the worker takes its next job then: a
+    plain sleep of `within` between polls held a queued job back by up to that long."""
+    try:
+        proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def kill_trainer(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the trainer and every process it started (a multi-GPU job's ranks), and reap it.
 

@@ -30,7 +30,7 @@ from service.jobs.resources import job_resources
 from service.models import Job
 from service.queue import RUN_JOB_TASK, send_task
 from worker import lease
-from worker.launch import kill_trainer, start_trainer, trainer_command, worker_queues
+from worker.launch import kill_trainer, start_trainer, trainer_command, trainer_exited, worker_queues
 from worker.outage import is_outage
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
 
@@ -121,8 +121,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
     lost_since: float | None = None
     stop_asked: float | None = None
     last_beat = time.monotonic()
-    while proc.poll() is None:
-        time.sleep(0.2)
+    while not trainer_exited(proc, within=0.2):
         if _shutdown.is_set() and stop_asked is None:
             log.warning("worker shutting down: asking the trainer of %s to checkpoint and hand back", job_id)
             proc.send_signal(signal.SIGTERM)

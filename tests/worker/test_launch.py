@@ -185,3 +185,17 @@ def test_a_trainer_process_leaves_the_apis_libraries_unimported() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_worker_sees_its_trainer_exit_when_it_exits_not_at_the_end_of_its_wait() -> None:
+    """`trainer_exited` returns as the process exits, so the worker's next job is not held back for
+    the rest of the wait (a sleep between polls held it back up to 0.2 s per job)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    try:
+        assert not launch.trainer_exited(proc, within=0.01)  # still running: False once the wait is up
+        started = time.monotonic()
+        assert launch.trainer_exited(proc, within=30)
+        assert time.monotonic() - started < 10  # not the whole 30 s
+    finally:
+        proc.kill()
+        proc.wait()
