@@ -71,6 +71,8 @@ def big_job(tenant: tuple[str, str]) -> str:
         )
         session.flush()
         add_event(session, job_id, "Training started: 5000 steps")
+        for s in range(1, STEPS + 1):  # a step event per step, as a trainer writes them
+            add_event(session, job_id, f"Step {s}/{STEPS}", type="metrics", data={"step": s})
         session.add_all(
             JobMetric(
                 job_id=job_id,
@@ -119,6 +121,12 @@ def test_5000_step_job_paints_fast_and_whole(ui: UI, tenant: tuple[str, str], bi
     assert "worker_lost" in error.inner_text() and "the trainer died 3 times" in error.inner_text()
     assert error.locator(".fault").get_attribute("data-fault") == "system"
     assert page.get_by_role("button", name="Cancel").is_disabled()
+    # the events list keeps its last 500, but the 5,000 step events make room first: the job's start
+    # and its failure both stay in view
+    events = page.locator("ol.events > li")
+    assert events.count() == 500
+    assert events.first.inner_text().endswith("Job failed: the trainer died 3 times")
+    assert events.last.inner_text().endswith("Training started: 5000 steps")
     # the page stays responsive: hovering moves the legend to another step
     box = loss.locator(".u-over").bounding_box()
     assert box is not None

@@ -221,12 +221,22 @@ export function renderJob(main, jobId, params) {
 
   function addEvents(events) {
     for (const ev of events) {
-      eventsList.prepend(h('li', { class: `lvl-${ev.level}` },
+      eventsList.prepend(h('li', { class: `lvl-${ev.level}`, 'data-type': ev.type },
         h('time', { datetime: new Date(ev.created_at * 1000).toISOString() }, fmtTime(ev.created_at)), ' ',
         ev.level !== 'info' ? h('span', { class: 'chip' }, ev.level) : null, ' ', ev.message));
     }
-    while (eventsList.children.length > MAX_EVENTS_SHOWN) eventsList.lastChild.remove();
+    trimEvents();
     if (events.some((e) => /checkpoint/i.test(e.message))) refreshCheckpoints();
+  }
+
+  // Past MAX_EVENTS_SHOWN the oldest step events ("Step N/M", type "metrics") go first, so that a
+  // job's start, state changes, warnings and checkpoints stay in view however many steps it logs.
+  function trimEvents() {
+    let over = eventsList.children.length - MAX_EVENTS_SHOWN;
+    if (over <= 0) return;
+    const steps = [...eventsList.querySelectorAll('li[data-type="metrics"]')].reverse(); // oldest first
+    for (const li of steps.slice(0, over)) li.remove();
+    for (over -= Math.min(over, steps.length); over > 0; over--) eventsList.lastChild.remove();
   }
 
   async function refreshJob() {
