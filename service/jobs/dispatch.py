@@ -11,6 +11,10 @@ taken and returns.
 Every way back to the queue goes through `requeue`: a stale lease, a dead trainer, a worker handing
 its job back on SIGTERM, a resumed pause. A job whose pause was requested meanwhile goes to `paused`
 instead, so a pause is never lost in a restart.
+
+service.queue (Celery) is imported where a message is sent, not at the top: every job's trainer
+process imports this module (worker/recovery.py) and sends nothing unless it hands its job back, and
+importing Celery cost each trainer's start ~25 ms (`python -X importtime`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from sqlalchemy.orm import Session
 
 from service.db import session_scope
 from service.models import Job
-from service.queue import RUN_JOB_TASK, enqueue_after_commit, send_task
 
 log = logging.getLogger("tunehouse.dispatch")
 
@@ -53,6 +56,8 @@ def queued_values(t: float) -> dict[str, Any]:
 def send_after_commit(session: Session, job_id: str, sent_at: float, *, queue: str) -> None:
     """Send the job's run message to its `queue` once `session` commits; on failure mark it unsent for
     the reconciler."""
+    from service.queue import RUN_JOB_TASK, enqueue_after_commit  # not at the top: see the module docstring
+
     enqueue_after_commit(
         session, RUN_JOB_TASK, [job_id], queue=queue, on_failure=lambda: _mark_unsent(job_id, sent_at)
     )
@@ -124,6 +129,8 @@ def reconcile(*, dispatch_timeout: float) -> list[str]:
             )
             if getattr(won, "rowcount", 0) != 1:
                 continue  # another reconciler sent it, or a worker claimed it meanwhile
+        from service.queue import RUN_JOB_TASK, send_task  # not at the top: see the module docstring
+
         if not send_task(RUN_JOB_TASK, [job_id], queue=queue):
             with session_scope() as session:
                 session.execute(

@@ -126,8 +126,8 @@ def test_broker_down_keeps_jobs_queued_for_the_next_pass(
         tries.append(args[0])
         return real_send(name, args, queue=queue)
 
-    real_send = dispatch.send_task
-    monkeypatch.setattr(dispatch, "send_task", counted)
+    real_send = service.queue.send_task
+    monkeypatch.setattr(service.queue, "send_task", counted)  # dispatch imports it at the send
     t = time.time()
     _job("ftjob-a", **{**queued_values(t), "dispatched_at": None})
     _job("ftjob-b", **queued_values(t - 100))
