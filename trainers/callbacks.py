@@ -60,6 +60,10 @@ class TrainingCallbacks(Protocol):
     def should_stop(self) -> StopRequest | None:
         """Checked before every optimizer step."""
 
+    def on_message(self, message: str) -> None:
+        """A line for whoever watches the run (the job's events): work the trainer skipped or did
+        differently, e.g. reference log-probs reused from an earlier run."""
+
 
 class NullCallbacks:
     """Callbacks that do nothing; subclass and override what you need."""
@@ -80,4 +84,7 @@ class NullCallbacks:
         return None
 
     def should_stop(self) -> StopRequest | None:
+        return None
+
+    def on_message(self, message: str) -> None:
         return None

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import copy
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import chain
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from peft import PeftModel
@@ -48,6 +51,7 @@ from trainers.preference_data import (
     collate_preferences,
     tokenize_preference_rows,
 )
+from trainers.reference_cache import ReferenceCache, reference_key
 from trainers.registry import choices
 
 if TYPE_CHECKING:
@@ -74,6 +78,12 @@ class DPOConfig(TrainingConfig):
         precompute_ref_log_probs: compute the reference log-probs of every pair once before training,
             then keep no reference model in memory.
 
+    Run:
+        reference_cache_file: where the training pairs' precomputed reference log-probs are kept between
+            runs (``trainers.reference_cache``; set by the worker, next to the training file): a later
+            run on the same pairs and reference reads them instead of scoring the pairs again. None:
+            not kept.
+
     Shared fields as DPO reads them: ``model_path`` is also the reference; with ``use_lora`` the
     reference is the base with the adapter disabled. ``n_epochs`` passes over the training pairs;
     ``batch_size`` counts pairs, so the forward pass sees 2 * batch_size sequences.
@@ -88,6 +98,7 @@ class DPOConfig(TrainingConfig):
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
     precompute_ref_log_probs: bool = False
+    reference_cache_file: str | None = None
 
 
 # -- pure functions -----------------------------------------------------------------------------------
@@ -182,6 +193,23 @@ class Reference:
         model.eval().requires_grad_(False)
         return cls(model)
 
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The named weights and buffers the reference computes with: with ``disable_adapter``, the base
+        model's own (not the adapter's, nor the trainable copies of ``modules_to_save``)."""
+        if self.disable_adapter:
+            assert isinstance(self.model, PeftModel)
+            base = self.model.get_base_model()
+            for name, tensor in chain(base.named_parameters(), base.named_buffers()):
+                if "lora_" not in name and ".modules_to_save." not in name:
+                    yield name, tensor
+        else:
+            yield from chain(self.model.named_parameters(), self.model.named_buffers())
+
+    def config(self) -> dict[str, object]:
+        model = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        config = getattr(model, "config", None)
+        return config.to_dict() if config is not None else {}
+
     @torch.no_grad()
     def __call__(self, batch: CompletionRows) -> torch.Tensor:
         if self.disable_adapter:
@@ -272,6 +300,31 @@ def precompute_reference_log_probs(
     return out.finish()
 
 
+def kept_reference_log_probs(
+    reference: Reference,
+    examples: Sequence[PreferenceExample],
+    cache: ReferenceCache,
+    *,
+    notify: Callable[[str], None],
+    **kwargs: Any,
+) -> ExampleStore[PreferenceExample] | Sequence[PreferenceExample]:
+    """``precompute_reference_log_probs``, read from ``cache`` when an earlier run stored them for the
+    same pairs and reference, else computed and stored there."""
+    dtype, pack, device = kwargs["compute_dtype"], kwargs["pack"], kwargs["device"]
+    settings = f"autocast={dtype}|device={device.type}|pack={pack.value}"
+    key = reference_key(reference.tensors(), reference.config(), examples, settings=settings)
+    values = cache.load(key, len(examples))
+    if values is not None:
+        out = ExampleWriter(PreferenceExample)
+        for e, (chosen, rejected) in zip(examples, values.tolist(), strict=True):
+            out.append(e.with_ref_logps(chosen, rejected))
+        notify(f"Reference log-probs of {len(examples)} pairs reused from an earlier run on the same pairs")
+        return out.finish()
+    scored = precompute_reference_log_probs(reference, examples, **kwargs)
+    cache.save(key, np.array([[e.ref_chosen_logp, e.ref_rejected_logp] for e in scored], dtype=np.float64))
+    return scored
+
+
 def build_dpo_task(
     config: DPOConfig,
     model: torch.nn.Module,
@@ -281,8 +334,10 @@ def build_dpo_task(
     *,
     ref_model: torch.nn.Module | None = None,
     load_reference: Callable[[], torch.nn.Module] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> TrainingTask[PreferenceExample, PreferenceBatch]:
-    """The loop's task for ``model``: picks the reference, precomputes its log-probs if asked.
+    """The loop's task for ``model``: picks the reference, precomputes its log-probs if asked (the
+    training pairs' through ``config.reference_cache_file``, when set; ``notify`` hears of a reuse).
 
     ``ref_model`` None: the adapter-disabled base of a LoRA ``model``; for a full model a frozen copy,
     made by ``load_reference`` if given (a resumed run's model is no longer the reference) or else by
@@ -304,7 +359,13 @@ def build_dpo_task(
         }
         was_training = model.training
         model.eval()  # no dropout in the reference
-        train = precompute_reference_log_probs(reference, train, **kwargs)
+        if config.reference_cache_file:
+            cache = ReferenceCache(Path(config.reference_cache_file))
+            train = kept_reference_log_probs(
+                reference, train, cache, notify=notify or (lambda _message: None), **kwargs
+            )
+        else:
+            train = precompute_reference_log_probs(reference, train, **kwargs)
         valid = precompute_reference_log_probs(reference, valid, **kwargs) if valid else valid
         model.train(was_training)
         del reference  # a copy made for precomputing is freed here: the loss keeps no reference
@@ -372,6 +433,13 @@ def train_dpo(
     model = load_model(config, device)
     load_reference = starting_model_loader(config, device)
     task = build_dpo_task(
-        config, model, tokenizer, train, valid, ref_model=ref_model, load_reference=load_reference
+        config,
+        model,
+        tokenizer,
+        train,
+        valid,
+        ref_model=ref_model,
+        load_reference=load_reference,
+        notify=callbacks.on_message if callbacks is not None else None,
     )
     return run_training(config, task, callbacks)

@@ -420,7 +420,15 @@ DPO = Method(
         ),  # the DPO paper's
         _p("loss_type", "str", "sigmoid", "DPO, IPO or SLiC's hinge", choices=("sigmoid", "ipo", "hinge")),
         _p("label_smoothing", "float", 0.0, "conservative DPO's flip probability", ge=0, lt=0.5),
-        _p("precompute_ref_log_probs", "bool", False, "reference log-probs once, then none in memory"),
+        _p(
+            "precompute_ref_log_probs",
+            "bool",
+            False,
+            (
+                "reference log-probs once, then none in memory; kept with the training file, so a later job "
+                "on it with the same model and precision skips them"
+            ),
+        ),
     ),
     # preference objectives diverge at SFT's rates
     learning_rates=(5e-5, 5e-6),

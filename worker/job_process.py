@@ -44,11 +44,11 @@ from trainers.distributed import CollectiveError
 from trainers.errors import DataError
 from trainers.jsonl_rows import JsonlRows
 from trainers.loop import NullCallbacks, StopRequest
-from worker import lease
+from worker import lease, reference_log_probs
 from worker.checkpoints import restore_latest_checkpoint
 from worker.graders import reward_set
 from worker.launch import die_with_parent
-from worker.methods import RunInputs, run_method
+from worker.methods import RunInputs, keeps_reference_log_probs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
 from worker.outage import blob_outage_event, retry_blob, retry_db
 from worker.recovery import hand_back
@@ -120,6 +120,10 @@ def load_inputs(
     valid_rows = None
     if job.validation_file:
         valid_rows = read_rows(blobs, validation, param="validation_file", workdir=workdir)
+    reference_cache = None
+    if training is not None and keeps_reference_log_probs(method):
+        reference_cache = workdir / "reference-logps.npz"
+        reference_log_probs.fetch(blobs, tenant_id=job.tenant_id, file_id=training.id, dest=reference_cache)
     resume_from, resume_step = restore_latest_checkpoint(blobs, job.id, workdir)
     if resume_from is not None and announce:
         with session_scope() as session:
@@ -135,6 +139,7 @@ def load_inputs(
         rewards=rewards,
         save_minutes=settings.checkpoint_minutes,
         keep_checkpoints=settings.checkpoint_keep,
+        reference_cache_file=reference_cache,
     )
 
 
@@ -209,6 +214,7 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
     exit_code = 1  # what the trackers' runs end with: 0 once the job succeeded or paused
     try:
         inputs = _load_retrying(job, method, blobs=blobs, workdir=workdir, announce=True)
+        fetched = reference_log_probs.stamp(inputs.reference_cache_file)
         distributed.barrier()  # the other ranks load theirs now (`_run_other_rank`)
         trackers = open_trackers(job, method)
         publisher = live_publisher(settings.redis_url) if settings.redis_url else None
@@ -228,6 +234,14 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
         finally:  # no row is written behind the outcome recorded below
             reporter.close()
         reporter.flush(wait=True)
+        if inputs.reference_cache_file is not None:  # also when paused or stopped: a resume reuses them
+            reference_log_probs.store_if_changed(
+                blobs,
+                tenant_id=job.tenant_id,
+                file_id=job.training_file,
+                source=inputs.reference_cache_file,
+                fetched=fetched,
+            )
         if result.stopped == StopRequest.PAUSE:
             exit_code = 0
             why = (

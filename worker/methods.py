@@ -33,6 +33,9 @@ class RunInputs:
     # `save_minutes` wins
     save_minutes: float = 10.0
     keep_checkpoints: int = 3
+    # DPO with precomputed reference log-probs: the file that keeps them between jobs on the same training
+    # file (`trainers.reference_cache`), fetched from and stored back to the blob store by the job process
+    reference_cache_file: Path | None = None
 
 
 def build_config(method: MethodBase, inputs: RunInputs) -> Any:
@@ -42,6 +45,8 @@ def build_config(method: MethodBase, inputs: RunInputs) -> Any:
         fields["save_minutes"] = inputs.save_minutes
     fields["keep_checkpoints"] = inputs.keep_checkpoints
     names = {f.name for f in dataclasses.fields(config_cls)}
+    if inputs.reference_cache_file is not None and keeps_reference_log_probs(method):
+        fields["reference_cache_file"] = str(inputs.reference_cache_file)
     unknown = sorted(set(fields) - names)
     if unknown:  # a spec field the trainer does not know: our bug, caught by tests/trainers/test_registry.py
         raise RuntimeError(f"{config_cls.__name__} has no fields {unknown}")
@@ -52,6 +57,13 @@ def build_config(method: MethodBase, inputs: RunInputs) -> Any:
         seed=inputs.seed,
         resume_from=str(inputs.resume_from) if inputs.resume_from else None,
     )
+
+
+def keeps_reference_log_probs(method: MethodBase) -> bool:
+    """Whether the method precomputes reference log-probs that a later job on its file can reuse."""
+    config_fields = {f.name for f in dataclasses.fields(resolve(method.declaration.config))}
+    precomputes = bool(trainer_fields(method).get("precompute_ref_log_probs"))
+    return "reference_cache_file" in config_fields and precomputes
 
 
 def run_method(method: MethodBase, inputs: RunInputs, callbacks: TrainingCallbacks) -> TrainResult:

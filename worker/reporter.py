@@ -268,6 +268,13 @@ class JobReporter:
             self._stop = StopRequest.PAUSE
         return self._stop
 
+    def on_message(self, message: str) -> None:
+        def write() -> None:
+            with session_scope() as session:
+                add_event(session, self.job_id, message)
+
+        self._must_write("trainer message", write)
+
     # -- the sender thread ---------------------------------------------------------------------
     def _hand_over(self, row: dict[str, float], *, flush_now: bool) -> None:
         """Buffer a row for the DB and queue it for the live path; the sender does the I/O."""

@@ -33,6 +33,12 @@ def new_blob_key(tenant_id: str, file_id: str, extension: str = "jsonl") -> str:
     return f"files/{tenant_id}/{file_id}.{extension}"
 
 
+def reference_log_probs_key(tenant_id: str, file_id: str) -> str:
+    """Where DPO jobs keep the file's precomputed reference log-probs for the next job on it
+    (worker/reference_log_probs.py); derived from the file's rows, so it goes when the file goes."""
+    return f"files/{tenant_id}/{file_id}.reference-logps.npz"
+
+
 def record_upload(
     session: Session, *, tenant: Tenant, file_id: str, blob_key: str, upload: UploadResult
 ) -> File:
@@ -85,7 +91,8 @@ def delete_file(session: Session, *, tenant: Tenant, file_id: str) -> None:
     session.flush()
     # the row goes first: a crash between the two leaves an orphan blob, never a row without bytes
     session.commit()
-    try:
-        get_blob_store().delete(row.blob_key)
-    except BlobStoreUnavailable as exc:  # the file is gone for the client; the blob is an orphan, as above
-        log.warning("file %s: blob %s not deleted: %s", file_id, row.blob_key, exc.message)
+    for key in (row.blob_key, reference_log_probs_key(row.tenant_id, row.id)):
+        try:
+            get_blob_store().delete(key)
+        except BlobStoreUnavailable as exc:  # the file is gone for the client; the blob is an orphan
+            log.warning("file %s: blob %s not deleted: %s", file_id, key, exc.message)

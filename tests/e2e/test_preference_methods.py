@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import all_pages, chat_rows, jsonl, upload, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, jsonl, tenant_of, upload, upload_ok, wait_for
 
 MODEL = "tunehouse/tiny-llama"
 
@@ -106,6 +106,44 @@ def test_dpo_job_on_a_fine_tuned_model(stack_client: httpx.Client) -> None:
     assert metrics[-1]["rewards/accuracies"] >= 0.75
     assert job["method"]["dpo"]["hyperparameters"]["beta"] == 0.5
     assert job["fine_tuned_model"].startswith(f"ft:{MODEL}:") and job["model"] == sft["fine_tuned_model"]
+
+
+def test_a_dpo_sweep_reads_the_reference_log_probs_an_earlier_job_kept_with_its_file(
+    stack_client: httpx.Client, api_key: str
+) -> None:
+    """Two DPO jobs on one file with precomputed reference log-probs: the first keeps them in the blob
+    store next to the file, the second (another β) reads them instead of scoring the pairs again and
+    says so in its events; deleting the file deletes them."""
+    from service.files.service import reference_log_probs_key
+    from service.storage import get_blob_store
+
+    pref = upload_ok(stack_client, preference_rows())
+
+    def job(beta: float) -> dict[str, Any]:
+        hp = {"n_epochs": 1, "batch_size": 4, "beta": beta, "precompute_ref_log_probs": True}
+        body = {
+            "model": MODEL,
+            "training_file": pref,
+            "method": {"type": "dpo", "dpo": {"hyperparameters": hp}},
+        }
+        done, _ = _run(stack_client, body)
+        return done
+
+    def reuses(job_id: str) -> list[str]:
+        events = all_pages(stack_client, f"/v1/fine_tuning/jobs/{job_id}/events")
+        return [e["message"] for e in events if "reused" in e["message"]]
+
+    first = job(0.1)
+    key = reference_log_probs_key(tenant_of(api_key), pref)
+    assert get_blob_store().size(key) > 0
+    assert reuses(first["id"]) == []
+    second = job(0.3)
+    assert reuses(second["id"]) == [
+        "Reference log-probs of 16 pairs reused from an earlier run on the same pairs"
+    ]
+    assert stack_client.delete(f"/v1/files/{pref}").status_code == 200
+    with pytest.raises(FileNotFoundError):
+        get_blob_store().size(key)
 
 
 def test_reward_model_job_exports_a_classifier(stack_client: httpx.Client, tmp_path: Path) -> None:

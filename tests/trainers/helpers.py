@@ -24,6 +24,7 @@ class Recorder(NullCallbacks):
         self.evals: list[dict[str, float]] = []
         self.epochs: list[tuple[int, int]] = []
         self.checkpoints: list[CheckpointInfo] = []
+        self.messages: list[str] = []
 
     def on_train_begin(self, *, total_steps: int, n_epochs: int) -> None:
         self.begin = {"total_steps": total_steps, "n_epochs": n_epochs}
@@ -42,6 +43,9 @@ class Recorder(NullCallbacks):
 
     def should_stop(self) -> StopRequest | None:
         return self.stop_after.get(len(self.steps))
+
+    def on_message(self, message: str) -> None:
+        self.messages.append(message)
 
     @property
     def losses(self) -> list[float]:
