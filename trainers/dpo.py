@@ -307,7 +307,7 @@ def kept_reference_log_probs(
     *,
     notify: Callable[[str], None],
     **kwargs: Any,
-) -> ExampleStore[PreferenceExample] | Sequence[PreferenceExample]:
+) -> ExampleStore[PreferenceExample]:
     """``precompute_reference_log_probs``, read from ``cache`` when an earlier run stored them for the
     same pairs and reference, else computed and stored there."""
     dtype, pack, device = kwargs["compute_dtype"], kwargs["pack"], kwargs["device"]
