@@ -300,6 +300,12 @@ def precompute_reference_log_probs(
     return out.finish()
 
 
+def scoring_message(n_pairs: int) -> str:
+    """What a run says before its reference scores the training pairs: a pass before the first step that
+    a large file makes long, with nothing else to watch meanwhile."""
+    return f"Computing the reference log-probs of {n_pairs} pairs before training (precompute_ref_log_probs)"
+
+
 def kept_reference_log_probs(
     reference: Reference,
     examples: Sequence[PreferenceExample],
@@ -320,6 +326,7 @@ def kept_reference_log_probs(
             out.append(e.with_ref_logps(chosen, rejected))
         notify(f"Reference log-probs of {len(examples)} pairs reused from an earlier run on the same pairs")
         return out.finish()
+    notify(scoring_message(len(examples)))
     scored = precompute_reference_log_probs(reference, examples, **kwargs)
     cache.save(key, np.array([[e.ref_chosen_logp, e.ref_rejected_logp] for e in scored], dtype=np.float64))
     return scored
@@ -337,7 +344,8 @@ def build_dpo_task(
     notify: Callable[[str], None] | None = None,
 ) -> TrainingTask[PreferenceExample, PreferenceBatch]:
     """The loop's task for ``model``: picks the reference, precomputes its log-probs if asked (the
-    training pairs' through ``config.reference_cache_file``, when set; ``notify`` hears of a reuse).
+    training pairs' through ``config.reference_cache_file``, when set; ``notify`` hears of the pass
+    before it starts, or of its reuse).
 
     ``ref_model`` None: the adapter-disabled base of a LoRA ``model``; for a full model a frozen copy,
     made by ``load_reference`` if given (a resumed run's model is no longer the reference) or else by
@@ -359,12 +367,12 @@ def build_dpo_task(
         }
         was_training = model.training
         model.eval()  # no dropout in the reference
+        say = notify or (lambda _message: None)
         if config.reference_cache_file:
             cache = ReferenceCache(Path(config.reference_cache_file))
-            train = kept_reference_log_probs(
-                reference, train, cache, notify=notify or (lambda _message: None), **kwargs
-            )
+            train = kept_reference_log_probs(reference, train, cache, notify=say, **kwargs)
         else:
+            say(scoring_message(len(train)))
             train = precompute_reference_log_probs(reference, train, **kwargs)
         valid = precompute_reference_log_probs(reference, valid, **kwargs) if valid else valid
         model.train(was_training)

@@ -129,16 +129,18 @@ def test_a_dpo_sweep_reads_the_reference_log_probs_an_earlier_job_kept_with_its_
         done, _ = _run(stack_client, body)
         return done
 
-    def reuses(job_id: str) -> list[str]:
+    def reference_events(job_id: str) -> list[str]:
         events = all_pages(stack_client, f"/v1/fine_tuning/jobs/{job_id}/events")
-        return [e["message"] for e in events if "reused" in e["message"]]
+        return [e["message"] for e in events if "reference log-probs" in e["message"].lower()]
 
     first = job(0.1)
     key = reference_log_probs_key(tenant_of(api_key), pref)
     assert get_blob_store().size(key) > 0
-    assert reuses(first["id"]) == []
+    assert reference_events(first["id"]) == [
+        "Computing the reference log-probs of 16 pairs before training (precompute_ref_log_probs)"
+    ]
     second = job(0.3)
-    assert reuses(second["id"]) == [
+    assert reference_events(second["id"]) == [
         "Reference log-probs of 16 pairs reused from an earlier run on the same pairs"
     ]
     assert stack_client.delete(f"/v1/files/{pref}").status_code == 200

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 import trainers.dpo
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
-from trainers.dpo import DPOConfig, Reference, train_dpo
+from trainers.dpo import DPOConfig, Reference, scoring_message, train_dpo
 from trainers.modeling import load_model
 from trainers.preference_data import PreferenceExample, tokenize_preference_rows
 from trainers.reference_cache import MAX_ENTRIES, ReferenceCache, reference_key
@@ -48,7 +48,7 @@ def test_a_later_run_on_the_same_pairs_reads_the_kept_log_probs_and_trains_the_s
         None,
         first,
     )
-    assert first.messages == []  # computed, not reused
+    assert first.messages == [scoring_message(12)]  # computed, not reused
     with np.load(kept) as npz:
         assert len(npz.files) == 1 and npz[npz.files[0]].shape == (12, 2)
 
