@@ -102,16 +102,17 @@ def submit_demo(client: httpx.Client) -> str:
     return str(job.json()["id"])
 
 
-def _check_children(children: list[subprocess.Popen[bytes]]) -> None:
+Children = dict[str, subprocess.Popen[bytes]]  # by what they are: "API", "training worker", ...
+
+
+def _check_children(children: Children) -> None:
     """Raise if a child process has exited: a job then waits for a worker that is gone."""
-    for name, child in zip(("API", "training worker", "inference worker"), children, strict=False):
+    for name, child in children.items():
         if child.poll() is not None:
             raise EmbeddedError(f"the {name} process exited with code {child.returncode}")
 
 
-def watch_job(
-    client: httpx.Client, job_id: str, started: float, children: list[subprocess.Popen[bytes]]
-) -> dict[str, Any]:
+def watch_job(client: httpx.Client, job_id: str, started: float, children: Children) -> dict[str, Any]:
     """Print each new metric row until the job ends; returns the final job object. Raises
     EmbeddedError when one of `children` exits meanwhile."""
     after: int | None = None
@@ -171,7 +172,7 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
     # the children log to files so the terminal shows the service's own lines; `tail -f` them to debug
     logs = settings.data_dir / "logs"
     logs.mkdir(exist_ok=True)
-    children: list[subprocess.Popen[bytes]] = []
+    children: Children = {}
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with (
@@ -179,30 +180,24 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
             (logs / "worker.log").open("ab") as worker_log,
             (logs / "inference.log").open("ab") as inference_log,
         ):
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "uvicorn", "service.app:app", "--host", host, "--port", str(port)],
-                    env=env,
-                    stdout=api_log,
-                    stderr=subprocess.STDOUT,
-                )
+            children["API"] = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "service.app:app", "--host", host, "--port", str(port)],
+                env=env,
+                stdout=api_log,
+                stderr=subprocess.STDOUT,
             )
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "info"],
-                    env=env,
-                    stdout=worker_log,
-                    stderr=subprocess.STDOUT,
-                )
+            children["training worker"] = subprocess.Popen(
+                [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "info"],
+                env=env,
+                stdout=worker_log,
+                stderr=subprocess.STDOUT,
             )
             # its own process, so trying a model (/v1/chat/completions) never waits behind training
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tunehouse.cli", "worker", "--inference", "--loglevel", "info"],
-                    env=env,
-                    stdout=inference_log,
-                    stderr=subprocess.STDOUT,
-                )
+            children["inference worker"] = subprocess.Popen(
+                [sys.executable, "-m", "tunehouse.cli", "worker", "--inference", "--loglevel", "info"],
+                env=env,
+                stdout=inference_log,
+                stderr=subprocess.STDOUT,
             )
         return _serve(host, port, key, children, settings.data_dir, logs, demo=demo, started=started)
     except KeyboardInterrupt:
@@ -219,7 +214,7 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+def _stop_children(children: Children) -> None:
     """SIGTERM every child, then wait for them together; SIGKILL what is left after STOP_GRACE_SECONDS.
 
     The API drains in about a second (it closes its streams); the worker may be in a job: its trainer
@@ -228,11 +223,11 @@ def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
     # a second Ctrl-C while we wait must not abandon the children
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    for child in children:
+    for child in children.values():
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for child in children:
+    for child in children.values():
         try:
             child.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -244,14 +239,14 @@ def _serve(
     host: str,
     port: int,
     key: str,
-    children: list[subprocess.Popen[bytes]],
+    children: Children,
     data_dir: Path,
     logs: Path,
     *,
     demo: bool,
     started: float,
 ) -> int:
-    api = children[0]
+    api = children["API"]
     url = f"http://{host}:{port}"
     try:
         _wait_ready(url, api)
@@ -278,7 +273,7 @@ def _serve(
                         flush=True,
                     )
         print("tunehouse is running; press Ctrl-C (or send SIGTERM) to stop", flush=True)
-        while all(c.poll() is None for c in children):
+        while all(c.poll() is None for c in children.values()):
             time.sleep(0.5)
         return 1
     except EmbeddedError as exc:

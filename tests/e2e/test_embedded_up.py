@@ -133,7 +133,7 @@ def test_the_demo_stops_waiting_when_a_worker_has_exited() -> None:
             httpx.Client(base_url="http://127.0.0.1:9") as client,  # never reached: it stops first
             pytest.raises(EmbeddedError, match="the training worker process exited with code 3"),
         ):
-            watch_job(client, "ftjob-x", time.monotonic(), [api, worker])
+            watch_job(client, "ftjob-x", time.monotonic(), {"API": api, "training worker": worker})
     finally:
         api.kill()
         api.wait()
