@@ -1,6 +1,7 @@
 """Reference log-probs kept between runs, so that a DPO run on pairs an earlier run already scored skips
-the reference's pass over them: a sweep over β or the learning rate on one file, a job resumed or
-requeued after its worker died.
+the reference's pass over them: a sweep over β or the learning rate on one file, a job resumed after
+a pause or requeued at its worker's shutdown (a worker that dies keeps nothing: the job process stores
+the entries when its trainer returns).
 
 One ``.npz`` file holds up to ``MAX_ENTRIES`` entries, each the [N, 2] (chosen, rejected) log-probs of
 one set of pairs under one reference. An entry's name is a digest of everything its values depend on:
@@ -8,7 +9,8 @@ the reference's weights and config, the pairs' token ids in order, the autocast 
 and how pairs are packed. Nothing else changes a reference log-prob, so a run with another β, loss,
 learning rate, seed or number of epochs finds the entry; one with another tokenizer, ``max_length``,
 base model or precision does not. The batch size is not in the digest: log-probs computed at another
-batch size agree to float rounding (the padding differs, not the tokens).
+batch size differ by the precision's rounding only (other shapes, the same tokens), as they already
+do between the pass that precomputes them and the training batches.
 
 The file is plain data (``allow_pickle=False``); one that cannot be read is a miss and is rewritten.
 """
