@@ -67,19 +67,20 @@ class ReferenceCache:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _entries(self) -> dict[str, np.ndarray]:
+    def _entries(self, only: str | None = None) -> dict[str, np.ndarray]:
+        """The file's entries (just ``only``'s, if given: the others are not read)."""
         if not self.path.exists():
             return {}
         try:
             with np.load(self.path, allow_pickle=False) as npz:
-                return {name: npz[name] for name in npz.files}
+                return {name: npz[name] for name in npz.files if only in (None, name)}
         except (OSError, ValueError, zipfile.BadZipFile) as exc:  # truncated or foreign: start afresh
             log.warning("reference log-probs in %s not readable (%s); computing them again", self.path, exc)
             return {}
 
     def load(self, key: str, n_pairs: int) -> np.ndarray | None:
         """The [n_pairs, 2] log-probs stored under ``key``, or None."""
-        values = self._entries().get(key)
+        values = self._entries(only=key).get(key)
         if values is None or values.shape != (n_pairs, 2):
             return None
         return values

@@ -45,7 +45,7 @@ def build_config(method: MethodBase, inputs: RunInputs) -> Any:
         fields["save_minutes"] = inputs.save_minutes
     fields["keep_checkpoints"] = inputs.keep_checkpoints
     names = {f.name for f in dataclasses.fields(config_cls)}
-    if inputs.reference_cache_file is not None and keeps_reference_log_probs(method):
+    if inputs.reference_cache_file is not None:  # given only where `keeps_reference_log_probs(method)`
         fields["reference_cache_file"] = str(inputs.reference_cache_file)
     unknown = sorted(set(fields) - names)
     if unknown:  # a spec field the trainer does not know: our bug, caught by tests/trainers/test_registry.py
