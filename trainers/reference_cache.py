@@ -1,7 +1,7 @@
 """Reference log-probs kept between runs, so that a DPO run on pairs an earlier run already scored skips
 the reference's pass over them: a sweep over β or the learning rate on one file, a job resumed after
-a pause or requeued at its worker's shutdown (a worker that dies keeps nothing: the job process stores
-the entries when its trainer returns).
+a pause, requeued at its worker's shutdown or after its worker died (the job process stores the entries
+once the pass is done, before the first step: ``worker.reference_log_probs``).
 
 One ``.npz`` file holds up to ``MAX_ENTRIES`` entries, each the [N, 2] (chosen, rejected) log-probs of
 one set of pairs under one reference. An entry's name is a digest of everything its values depend on:

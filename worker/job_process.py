@@ -214,7 +214,15 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
     exit_code = 1  # what the trackers' runs end with: 0 once the job succeeded or paused
     try:
         inputs = _load_retrying(job, method, blobs=blobs, workdir=workdir, announce=True)
-        fetched = reference_log_probs.stamp(inputs.reference_cache_file)
+        log_probs = None  # the training file's kept reference log-probs, for DPO
+        if inputs.reference_cache_file is not None:
+            log_probs = reference_log_probs.KeptLogProbs(
+                blobs,
+                tenant_id=job.tenant_id,
+                file_id=job.training_file,
+                path=inputs.reference_cache_file,
+                stored=reference_log_probs.stamp(inputs.reference_cache_file),
+            )
         distributed.barrier()  # the other ranks load theirs now (`_run_other_rank`)
         trackers = open_trackers(job, method)
         publisher = live_publisher(settings.redis_url) if settings.redis_url else None
@@ -228,20 +236,15 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
             publisher=publisher,
             shutdown=shutdown,
             trackers=trackers,
+            at_train_begin=log_probs.store_if_changed if log_probs is not None else None,
         )
         try:
             result = run_method(method, inputs, reporter)
         finally:  # no row is written behind the outcome recorded below
             reporter.close()
         reporter.flush(wait=True)
-        if inputs.reference_cache_file is not None:  # also when paused or stopped: a resume reuses them
-            reference_log_probs.store_if_changed(
-                blobs,
-                tenant_id=job.tenant_id,
-                file_id=job.training_file,
-                source=inputs.reference_cache_file,
-                fetched=fetched,
-            )
+        if log_probs is not None:  # retries a failed upload at train begin; also when paused or stopped
+            log_probs.store_if_changed()
         if result.stopped == StopRequest.PAUSE:
             exit_code = 0
             why = (

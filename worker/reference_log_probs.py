@@ -1,12 +1,14 @@
 """A DPO job's precomputed reference log-probs, kept in the blob store next to its training file: the
-job process fetches them before the run and stores them back when its trainer added an entry, so the
-next job on the file (a sweep, a resumed or requeued job) skips the reference's pass over the pairs.
+job process fetches them before the run and stores them back when its trainer added an entry (before
+its first step, and after the run), so the next job on the file (a sweep, a resumed or requeued job,
+one whose worker died) skips the reference's pass over the pairs.
 The entries and their keys are ``trainers.reference_cache``'s; the blob goes when the file is deleted
 (``service.files.service.delete_file``)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from service.db import session_scope
@@ -38,26 +40,45 @@ def stamp(path: Path | None) -> Stamp:
     return st.st_ino, st.st_mtime_ns
 
 
-def store_if_changed(blobs: BlobStore, *, tenant_id: str, file_id: str, source: Path, fetched: Stamp) -> None:
-    """Upload ``source`` if the trainer rewrote it since the fetch (``fetched``: its stamp then). A
-    failure is logged, not raised: the log-probs are a saving for later jobs, not this job's result.
+@dataclass
+class KeptLogProbs:
+    """A job's local copy of its training file's kept log-probs (``path``, which the trainer reads and
+    rewrites) and the blob it was fetched from and is stored back to."""
 
-    A file deleted while the job ran must not get them back: after the upload, the file's row is read,
-    and the blob goes again if the row is gone (or cannot be read). ``delete_file`` removes the row
-    before the blob, so whichever of the two deletions comes last finds what the other left."""
-    now = stamp(source)
-    if now is None or now == fetched:
-        return
-    key = reference_log_probs_key(tenant_id, file_id)
-    try:
-        blobs.put_file(key, source)
-        with session_scope() as session:
-            kept = session.get(File, file_id) is not None
-    except Exception as exc:
-        log.warning("reference log-probs of file %s not kept for later jobs: %s", file_id, exc)
-        kept = False
-    if not kept:
+    blobs: BlobStore
+    tenant_id: str
+    file_id: str
+    path: Path
+    stored: Stamp  # the local file's stamp when it last matched the blob (fetched or uploaded)
+
+    def store_if_changed(self) -> None:
+        """Upload the local file if the trainer rewrote it since it last matched the blob. Called once
+        the trainer's pass is done, before its first step (a worker that dies later keeps them), and
+        again after the run. A failure is logged, not raised: the log-probs are a saving for later jobs,
+        not this job's result; the next call tries again.
+
+        A file deleted while the job ran must not get them back: after the upload, the file's row is
+        read, and the blob goes again if the row is gone (or cannot be read). ``delete_file`` removes
+        the row before the blob, so whichever of the two deletions comes last finds what the other
+        left."""
+        now = stamp(self.path)
+        if now is None or now == self.stored:
+            return
+        key = reference_log_probs_key(self.tenant_id, self.file_id)
         try:
-            blobs.delete(key)
-        except Exception as exc:  # an orphan until the blob store is back; nothing points at it
-            log.warning("reference log-probs of file %s: blob %s not deleted: %s", file_id, key, exc)
+            self.blobs.put_file(key, self.path)
+        except Exception as exc:
+            log.warning("reference log-probs of file %s not kept for later jobs: %s", self.file_id, exc)
+            return
+        self.stored = now
+        try:
+            with session_scope() as session:
+                kept = session.get(File, self.file_id) is not None
+        except Exception as exc:
+            log.warning("reference log-probs of file %s: row not read, blob deleted: %s", self.file_id, exc)
+            kept = False
+        if not kept:
+            try:
+                self.blobs.delete(key)
+            except Exception as exc:  # an orphan until the blob store is back; nothing points at it
+                log.warning("reference log-probs of file %s: blob %s not deleted: %s", self.file_id, key, exc)

@@ -94,6 +94,7 @@ class JobReporter:
         publisher: Any | None = None,
         shutdown: threading.Event | None = None,
         trackers: Sequence[Tracker] = (),
+        at_train_begin: Callable[[], None] | None = None,
     ) -> None:
         self.job_id = job_id
         self.tenant_id = tenant_id
@@ -106,6 +107,9 @@ class JobReporter:
         self.shutdown = shutdown
         # the job's experiment trackers (worker/trackers.py): every step and eval row, as it comes
         self.trackers = trackers
+        # the job process's work once the trainer's preparation is done and before its first step
+        # (storing the reference log-probs its pass computed, so a worker that dies later keeps them)
+        self.at_train_begin = at_train_begin
         self.total_steps: int | None = None
         self.n_epochs = 1
         self.last_row: dict[str, float] = {}
@@ -161,6 +165,8 @@ class JobReporter:
                 )
 
         self._must_write("training started", write)
+        if self.at_train_begin is not None:
+            self.at_train_begin()
 
     def on_step(self, row: dict[str, float]) -> None:
         self._raise_sender_error()

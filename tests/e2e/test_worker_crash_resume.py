@@ -1,5 +1,6 @@
 """Nothing lost when a worker dies: a killed worker's job is requeued by another worker's reaper and
-resumes from its latest checkpoint, then finishes with every step's metrics recorded."""
+resumes from its latest checkpoint, then finishes with every step's metrics recorded. A DPO job's
+precomputed reference log-probs, stored before its first step, are read by the resumed run."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import REDIS, _stop, start_server
+from tests.e2e.test_preference_methods import preference_rows
 from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 
 BROKER = f"{REDIS}/12"
@@ -34,7 +38,18 @@ def _worker() -> subprocess.Popen[bytes]:
     )
 
 
-def test_killed_worker_job_resumes_from_checkpoint(api_key: str) -> None:
+HP = {"n_epochs": 6, "batch_size": 2, "save_steps": 4, "learning_rate": 1e-3}
+JOBS: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
+    "supervised": (chat_rows(16), {"type": "supervised", "supervised": {"hyperparameters": HP}}),
+    "dpo": (
+        preference_rows(16),
+        {"type": "dpo", "dpo": {"hyperparameters": {**HP, "precompute_ref_log_probs": True}}},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", JOBS)
+def test_killed_worker_job_resumes_from_checkpoint(api_key: str, kind: str) -> None:
     import redis
 
     redis.Redis.from_url(BROKER).flushdb()
@@ -43,16 +58,11 @@ def test_killed_worker_job_resumes_from_checkpoint(api_key: str) -> None:
     second: subprocess.Popen[bytes] | None = None
     try:
         client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60)
-        train = upload_ok(client, chat_rows(16))
-        hp = {"n_epochs": 6, "batch_size": 2, "save_steps": 4, "learning_rate": 1e-3}
+        rows, method = JOBS[kind]
+        train = upload_ok(client, rows)
         job_id = client.post(
             "/v1/fine_tuning/jobs",
-            json={
-                "model": "tunehouse/tiny-llama",
-                "training_file": train,
-                "seed": 3,
-                "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
-            },
+            json={"model": "tunehouse/tiny-llama", "training_file": train, "seed": 3, "method": method},
         ).json()["id"]
 
         deadline = time.monotonic() + 180
@@ -74,6 +84,12 @@ def test_killed_worker_job_resumes_from_checkpoint(api_key: str) -> None:
         assert resumed, events
         metrics = all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/metrics")
         assert [m["step"] for m in metrics] == list(range(1, job["total_steps"] + 1))
+        if kind == "dpo":  # the killed run stored its log-probs before its first step
+            scored = [m for m in reversed(events) if "reference log-probs" in m.lower()]  # oldest first
+            assert scored == [
+                "Computing the reference log-probs of 16 pairs before training (precompute_ref_log_probs)",
+                "Reference log-probs of 16 pairs reused from an earlier run on the same pairs",
+            ], events
         client.close()
     finally:
         for proc in (first, second):
