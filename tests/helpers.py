@@ -130,7 +130,8 @@ def trainer_pid(job_id: str, *, rank: int | None = None) -> int | None:
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            # a spare trainer given the job rewrote its command line as one string (setproctitle)
+            argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").split()
             environ = (entry / "environ").read_bytes().split(b"\0") if rank is not None else []
         except OSError:
             continue

@@ -16,9 +16,10 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
+from service.config import get_settings
 from service.queue import get_celery
 from worker.reaper import advertise_worker, retire_worker, start_reaper
-from worker.supervisor import default_worker_id, request_shutdown
+from worker.supervisor import default_worker_id, keep_a_spare_trainer, request_shutdown, stop_spare_trainer
 from worker.webhooks import start_delivery_loop
 
 app: Celery = get_celery()
@@ -37,6 +38,8 @@ def _start_reaper(**_: Any) -> None:
         log.warning("could not advertise this worker's GPUs yet", exc_info=True)
     start_reaper(_reaper_stop, worker_id=default_worker_id())
     start_delivery_loop(_reaper_stop, worker_id=default_worker_id())
+    if get_settings().spare_trainer:
+        keep_a_spare_trainer()
 
 
 @worker_shutting_down.connect  # type: ignore[untyped-decorator]
@@ -48,6 +51,7 @@ def _hand_back_running_job(**_: Any) -> None:
 @worker_shutdown.connect  # type: ignore[untyped-decorator]
 def _stop_reaper(**_: Any) -> None:
     _reaper_stop.set()
+    stop_spare_trainer()
     try:
         retire_worker(default_worker_id())
     except Exception:  # its row then goes stale within a lease timeout

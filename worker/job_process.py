@@ -1,4 +1,6 @@
-"""One job in one fresh process: `python -m worker.job_process JOB_ID WORKER_ID`.
+"""One job in one process of its own: `python -m worker.job_process JOB_ID WORKER_ID`, or a spare trainer
+started ahead of its job, `python -m worker.job_process --spare`, given "JOB_ID WORKER_ID" on stdin
+(worker/spare_trainer.py).
 
 Loads the job and its files, resolves the base model, resumes from the job's latest checkpoint if
 there is one, runs the trainer with a JobReporter, and records the outcome while holding the lease.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shlex
 import shutil
 import signal
 import sys
@@ -29,6 +32,7 @@ import threading
 import traceback
 from pathlib import Path
 
+import setproctitle
 from sqlalchemy import select
 
 from service.config import get_settings
@@ -44,6 +48,7 @@ from trainers.distributed import CollectiveError
 from trainers.errors import DataError
 from trainers.jsonl_rows import JsonlRows
 from trainers.loop import NullCallbacks, StopRequest
+from trainers.registry import METHODS, resolve
 from worker import lease, reference_log_probs
 from worker.checkpoints import restore_latest_checkpoint
 from worker.graders import reward_set
@@ -54,6 +59,7 @@ from worker.outage import blob_outage_event, retry_blob, retry_db
 from worker.recovery import hand_back
 from worker.reporter import JobReporter
 from worker.result_files import ResultContext, store_result_files
+from worker.spare_trainer import SPARE_FLAG
 from worker.trackers import Tracker, TrackerUnavailable, open_trackers
 
 log = logging.getLogger("tunehouse.worker")
@@ -348,8 +354,25 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def wait_as_spare() -> None:
+    """A spare trainer (worker/spare_trainer.py): with this module imported, import the methods'
+    trainers too, then wait for "JOB_ID WORKER_ID" on stdin and run that job; end without one."""
+    for method in METHODS.values():
+        resolve(method.trainer), resolve(method.config)
+    line = sys.stdin.readline().split()
+    if len(line) != 2:
+        return  # stdin closed: the worker stops
+    job_id, worker_id = line
+    # `ps` and the tests find a job's trainer by its command line, as if it had been started for it
+    setproctitle.setproctitle(shlex.join([sys.executable, "-m", "worker.job_process", job_id, worker_id]))
+    run(job_id, worker_id)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if distributed.launched_ranks() > 1:
         die_with_parent()  # a rank's parent is the launcher, not the supervisor
-    run(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == SPARE_FLAG:
+        wait_as_spare()
+    else:
+        run(sys.argv[1], sys.argv[2])

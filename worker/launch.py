@@ -86,12 +86,20 @@ TRAINER_MALLOC_TUNABLES = (
 
 def trainer_environment(base: Mapping[str, str]) -> dict[str, str]:
     """The environment of a trainer process: `base` with glibc's allocator told to keep freed memory,
-    unless the operator set `GLIBC_TUNABLES` themselves (theirs wins). Other C libraries ignore it."""
-    return {"GLIBC_TUNABLES": TRAINER_MALLOC_TUNABLES, **base}
+    unless the operator set `GLIBC_TUNABLES` themselves (theirs wins). Other C libraries ignore it.
+
+    The variable goes last: glibc moves its string out of the block that holds the command line and
+    the environment, and setproctitle (a spare trainer names itself after its job: spare_trainer.py)
+    rewrites that block only up to the first string out of place."""
+    env = {k: v for k, v in base.items() if k != "GLIBC_TUNABLES"}
+    env["GLIBC_TUNABLES"] = base.get("GLIBC_TUNABLES", TRAINER_MALLOC_TUNABLES)
+    return env
 
 
-def start_trainer(command: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(command, env=trainer_environment(os.environ), preexec_fn=die_with_parent)
+def start_trainer(command: list[str], *, stdin: int | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command, env=trainer_environment(os.environ), stdin=stdin, preexec_fn=die_with_parent
+    )
 
 
 def trainer_exited(proc: subprocess.Popen[bytes], *, within: float) -> bool:

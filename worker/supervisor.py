@@ -1,4 +1,5 @@
-"""Runs one job: claim the lease, start a fresh trainer process, heartbeat while it lives.
+"""Runs one job: claim the lease, start a fresh trainer process (or hand the job to the worker's spare
+one, already started: worker/spare_trainer.py), heartbeat while it lives.
 
 Why a child process per job: accelerate and CUDA keep process-global state, a trainer that crashes
 (or is OOM-killed) must not take the worker with it, and the parent can still record what happened.
@@ -33,6 +34,7 @@ from worker import lease
 from worker.launch import kill_trainer, start_trainer, trainer_command, trainer_exited, worker_queues
 from worker.outage import is_outage
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
+from worker.spare_trainer import SpareTrainer
 
 log = logging.getLogger("tunehouse.worker")
 
@@ -40,11 +42,26 @@ log = logging.getLogger("tunehouse.worker")
 LOST_LEASE_GRACE_SECONDS = 30.0
 
 _shutdown = threading.Event()
+# the worker's spare trainer (worker/spare_trainer.py), once `keep_a_spare_trainer` turned it on
+_spare: SpareTrainer | None = None
 
 
 def request_shutdown() -> None:
     """The worker is stopping: hand the running job back (called from Celery's shutdown signal)."""
     _shutdown.set()
+
+
+def keep_a_spare_trainer() -> None:
+    """From now on this worker keeps a trainer process started ahead of its next one-rank job (called
+    when the worker is ready, if `settings.spare_trainer`)."""
+    global _spare
+    _spare = _spare or SpareTrainer()
+    _spare.start()
+
+
+def stop_spare_trainer() -> None:
+    if _spare is not None:
+        _spare.stop()
 
 
 def default_worker_id() -> str:
@@ -115,9 +132,11 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
             data=state_event("running", worker=worker_id, attempt=attempt, ranks=gpus),
         )
 
-    proc = start_trainer(
-        trainer_command(job_id, worker_id, ranks=gpus, grace_seconds=settings.shutdown_grace_seconds)
-    )
+    proc = _spare.take(job_id, worker_id) if _spare is not None and gpus == 1 else None
+    if proc is None:
+        proc = start_trainer(
+            trainer_command(job_id, worker_id, ranks=gpus, grace_seconds=settings.shutdown_grace_seconds)
+        )
     lost_since: float | None = None
     stop_asked: float | None = None
     last_beat = time.monotonic()
@@ -152,6 +171,8 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
                 LOST_LEASE_GRACE_SECONDS,
             )
             kill_trainer(proc)
+    if _spare is not None and not _shutdown.is_set():
+        _spare.start()  # it imports while this job's outcome is recorded and the next one claimed
     if proc.returncode != 0:
         # the trainer records its own outcome and exits 0; anything else ended it from outside
         with session_scope() as session:

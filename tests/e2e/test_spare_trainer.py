@@ -1,0 +1,98 @@
+"""A worker's spare trainer (worker/spare_trainer.py) through a real worker, API, PostgreSQL and Redis:
+started when the worker is ready, it trains the next one-rank job; the worker starts another when the
+job's trainer exits; a spare that died while idle costs the next job nothing but the imports; the
+worker's stop ends its spare."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from tests.conftest import REDIS, _stop, start_server
+from tests.helpers import chat_rows, trainer_pid, upload_ok, wait_for
+
+BROKER = f"{REDIS}/11"
+ENV = {"TUNEHOUSE_BROKER_URL": BROKER, "TUNEHOUSE_JOB_QUEUE": "tunehouse-spare"}
+T = TypeVar("T")
+
+
+def _until(check: Callable[[], T | None], what: str, timeout: float = 120) -> T:
+    deadline = time.monotonic() + timeout
+    while (found := check()) is None or found is False:
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return found
+
+
+def _spares(worker: int) -> list[int]:
+    """The worker's children that are idle spare trainers (their command line is still the spare's)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if ppid == worker and b"--spare" in argv:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _one_spare(worker: int) -> int | None:
+    spares = _spares(worker)
+    assert len(spares) <= 1, spares
+    return spares[0] if spares else None
+
+
+def test_a_worker_trains_its_next_job_in_a_spare_started_ahead_and_keeps_one_ready(api_key: str) -> None:
+    import redis
+
+    redis.Redis.from_url(BROKER).flushdb()
+    url, server = start_server(ENV)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"], env={**os.environ, **ENV}
+    )
+    try:
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60)
+        train = upload_ok(client, chat_rows(8))
+
+        def run_job() -> tuple[str, int]:
+            body = {
+                "model": "tunehouse/tiny-llama",
+                "training_file": train,
+                "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}},
+            }
+            job_id = client.post("/v1/fine_tuning/jobs", json=body).json()["id"]
+            pid = _until(lambda: trainer_pid(job_id), "the job's trainer")
+            assert wait_for(client, job_id, timeout=180)["status"] == "succeeded"
+            return job_id, pid
+
+        spare = _until(lambda: _one_spare(worker.pid), "a spare once the worker is ready")
+        _, trained_by = run_job()
+        assert trained_by == spare  # the job went to the spare, not to a process started for it
+        _until(lambda: not Path(f"/proc/{spare}").exists() or None, "the job's trainer to exit")
+        following = _until(lambda: _one_spare(worker.pid), "the next spare")
+        assert following != spare
+
+        # the spare dies while idle: the next job starts a trainer of its own, and a spare follows it
+        os.kill(following, signal.SIGKILL)
+        _until(lambda: _one_spare(worker.pid) is None, "the killed spare to be gone")
+        _, trained_by = run_job()
+        assert trained_by != following
+        last = _until(lambda: _one_spare(worker.pid), "a spare after that job")
+
+        _stop(worker)  # a warm shutdown ends the idle spare with the worker
+        _until(lambda: not Path(f"/proc/{last}").exists() or None, "the spare to end", timeout=30)
+        client.close()
+    finally:
+        if worker.poll() is None:
+            _stop(worker)
+        _stop(server)
