@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -275,23 +275,33 @@ def check_reference(model: torch.nn.Module, ref_model: torch.nn.Module) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How the reference scores the pairs before training."""
+
+    batch_size: int  # changes the values by the precision's rounding only: not in a kept entry's key
+    pad_token_id: int
+    device: torch.device
+    compute_dtype: torch.dtype | None
+    pack: PairPacking
+
+    def key_settings(self) -> str:
+        """What of this a kept entry's key holds (``reference_cache.reference_key``'s ``settings``)."""
+        return f"autocast={self.compute_dtype}|device={self.device.type}|pack={self.pack.value}"
+
+
 @torch.no_grad()
 def precompute_reference_log_probs(
-    reference: Reference,
-    examples: Sequence[PreferenceExample],
-    *,
-    batch_size: int,
-    pad_token_id: int,
-    device: torch.device,
-    compute_dtype: torch.dtype | None = None,
-    pack: PairPacking = PairPacking.PADDED,
+    reference: Reference, examples: Sequence[PreferenceExample], scoring: Scoring
 ) -> ExampleStore[PreferenceExample]:
-    """``examples`` with their reference log-probs attached, computed ``batch_size`` pairs at a time."""
+    """``examples`` with their reference log-probs attached, computed ``scoring.batch_size`` pairs at a
+    time."""
     out = ExampleWriter(PreferenceExample)
-    ctx = partial(torch.autocast, device.type, dtype=compute_dtype) if compute_dtype else nullcontext
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        batch = collate_preferences(chunk, pad_token_id=pad_token_id, pack=pack).to(device)
+    dtype, device = scoring.compute_dtype, scoring.device
+    ctx = partial(torch.autocast, device.type, dtype=dtype) if dtype else nullcontext
+    for start in range(0, len(examples), scoring.batch_size):
+        chunk = examples[start : start + scoring.batch_size]
+        batch = collate_preferences(chunk, pad_token_id=scoring.pad_token_id, pack=scoring.pack).to(device)
         with ctx():
             logps = reference(batch)
         chosen, rejected = logps[: len(chunk)], logps[len(chunk) :]
@@ -310,14 +320,13 @@ def kept_reference_log_probs(
     reference: Reference,
     examples: Sequence[PreferenceExample],
     cache: ReferenceCache,
+    scoring: Scoring,
     *,
     notify: Callable[[str], None],
-    **kwargs: Any,
 ) -> ExampleStore[PreferenceExample]:
     """``precompute_reference_log_probs``, read from ``cache`` when an earlier run stored them for the
     same pairs and reference, else computed and stored there."""
-    dtype, pack, device = kwargs["compute_dtype"], kwargs["pack"], kwargs["device"]
-    settings = f"autocast={dtype}|device={device.type}|pack={pack.value}"
+    settings = scoring.key_settings()
     key = reference_key(reference.tensors(), reference.config(), examples, settings=settings)
     values = cache.load(key, len(examples))
     if values is not None:
@@ -327,7 +336,7 @@ def kept_reference_log_probs(
         notify(f"Reference log-probs of {len(examples)} pairs reused from an earlier run on the same pairs")
         return out.finish()
     notify(scoring_message(len(examples)))
-    scored = precompute_reference_log_probs(reference, examples, **kwargs)
+    scored = precompute_reference_log_probs(reference, examples, scoring)
     cache.save(key, np.array([[e.ref_chosen_logp, e.ref_rejected_logp] for e in scored], dtype=np.float64))
     return scored
 
@@ -358,23 +367,23 @@ def build_dpo_task(
     device = next(model.parameters()).device
     reference = pick_reference(model, ref_model, load_reference, precompute=config.precompute_ref_log_probs)
     if config.precompute_ref_log_probs:
-        kwargs: dict[str, Any] = {
-            "batch_size": config.batch_size,
-            "pack": pair_packing(model),
-            "pad_token_id": pad_id,
-            "device": device,
-            "compute_dtype": autocast_dtype(config.mixed_precision, device),
-        }
+        scoring = Scoring(
+            batch_size=config.batch_size,
+            pad_token_id=pad_id,
+            device=device,
+            compute_dtype=autocast_dtype(config.mixed_precision, device),
+            pack=pair_packing(model),
+        )
         was_training = model.training
         model.eval()  # no dropout in the reference
         say = notify or (lambda _message: None)
         if config.reference_cache_file:
             cache = ReferenceCache(Path(config.reference_cache_file))
-            train = kept_reference_log_probs(reference, train, cache, notify=say, **kwargs)
+            train = kept_reference_log_probs(reference, train, cache, scoring, notify=say)
         else:
             say(scoring_message(len(train)))
-            train = precompute_reference_log_probs(reference, train, **kwargs)
-        valid = precompute_reference_log_probs(reference, valid, **kwargs) if valid else valid
+            train = precompute_reference_log_probs(reference, train, scoring)
+        valid = precompute_reference_log_probs(reference, valid, scoring) if valid else valid
         model.train(was_training)
         del reference  # a copy made for precomputing is freed here: the loss keeps no reference
         gc.collect()

@@ -22,8 +22,6 @@ from worker.launch import start_trainer
 log = logging.getLogger("tunehouse.worker")
 
 SPARE_FLAG = "--spare"
-
-
 SPARE_COMMAND = [sys.executable, "-m", "worker.job_process", SPARE_FLAG]
 
 

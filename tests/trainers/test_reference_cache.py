@@ -5,6 +5,7 @@ changes the entry's key."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ from transformers import PreTrainedTokenizerBase
 import trainers.dpo
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
-from trainers.dpo import DPOConfig, Reference, scoring_message, train_dpo
+from trainers.dpo import DPOConfig, Reference, Scoring, scoring_message, train_dpo
 from trainers.modeling import load_model
+from trainers.packing import PairPacking
 from trainers.preference_data import PreferenceExample, tokenize_preference_rows
 from trainers.reference_cache import MAX_ENTRIES, ReferenceCache, reference_key
 
@@ -121,6 +123,18 @@ def test_the_key_changes_with_what_the_log_probs_depend_on_and_nothing_else(
     assert key() == base
     config.rope_theta = float(getattr(config, "rope_theta", 10000.0)) * 2
     assert key() != base
+
+
+def test_the_scoring_settings_in_the_key_are_the_precision_the_device_and_the_packing() -> None:
+    base = Scoring(4, 0, torch.device("cpu"), torch.bfloat16, PairPacking.SHARED_PROMPTS)
+    assert replace(base, batch_size=8).key_settings() == base.key_settings()  # rounding only
+    for other in (
+        replace(base, compute_dtype=None),
+        replace(base, compute_dtype=torch.float16),
+        replace(base, device=torch.device("meta")),
+        replace(base, pack=PairPacking.PADDED),
+    ):
+        assert other.key_settings() != base.key_settings(), other
 
 
 def test_an_unreadable_or_mismatched_file_is_a_miss_and_the_newest_entries_are_kept(tmp_path: Path) -> None:
