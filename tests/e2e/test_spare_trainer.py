@@ -1,7 +1,7 @@
 """A worker's spare trainer (worker/spare_trainer.py) through a real worker, API, PostgreSQL and Redis:
 started when the worker is ready, it trains the next one-rank job; the worker starts another when the
 job's trainer exits; a spare that died while idle costs the next job nothing but the imports; the
-worker's stop ends its spare."""
+worker's stop ends its spare. With `TUNEHOUSE_SPARE_TRAINER=false` it keeps none."""
 
 from __future__ import annotations
 
@@ -95,4 +95,34 @@ def test_a_worker_trains_its_next_job_in_a_spare_started_ahead_and_keeps_one_rea
     finally:
         if worker.poll() is None:
             _stop(worker)
+        _stop(server)
+
+
+def test_a_worker_without_a_spare_starts_each_job_its_own_trainer(api_key: str) -> None:
+    import redis
+
+    redis.Redis.from_url(BROKER).flushdb()
+    env = {**ENV, "TUNEHOUSE_SPARE_TRAINER": "false"}
+    url, server = start_server(env)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"], env={**os.environ, **env}
+    )
+    try:
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=60)
+        body = {
+            "model": "tunehouse/tiny-llama",
+            "training_file": upload_ok(client, chat_rows(8)),
+            "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}},
+        }
+        job_id = client.post("/v1/fine_tuning/jobs", json=body).json()["id"]
+        pid = _until(lambda: trainer_pid(job_id), "the job's trainer")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert b"--spare" not in argv and job_id.encode() in argv  # started for the job, as it was named
+        assert wait_for(client, job_id, timeout=180)["status"] == "succeeded"
+        _until(lambda: trainer_pid(job_id) is None, "the job's trainer to exit")
+        time.sleep(1)  # a spare would be started as the trainer exits
+        assert _spares(worker.pid) == []
+        client.close()
+    finally:
+        _stop(worker)
         _stop(server)
