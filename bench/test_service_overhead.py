@@ -38,9 +38,10 @@ import httpx
 import pytest
 
 import tunehouse
+from service.config import get_settings
 from tests.conftest import WORKER_BROKER, _stop, new_key, start_server
-from tests.helpers import TERMINAL, chat_rows, jsonl, trainer_pid, upload_ok
-from worker import launch
+from tests.helpers import TERMINAL, chat_rows, jsonl, spare_trainers, trainer_pid, upload_ok
+from worker.launch import trainer_environment
 
 ROWS = int(os.environ.get("OVERHEAD_ROWS", "2000"))
 EPOCHS = int(os.environ.get("OVERHEAD_EPOCHS", "4"))
@@ -49,8 +50,6 @@ RUNS = int(os.environ.get("OVERHEAD_RUNS", "2"))
 # every N seconds instead (each poll costs the API and PostgreSQL CPU on the trainer's cores)
 POLL_SECONDS = float(os.environ.get("OVERHEAD_POLL_SECONDS", "0"))
 MODEL = "tunehouse/tiny-llama"
-# the worker's spare trainer (worker/spare_trainer.py): on unless TUNEHOUSE_SPARE_TRAINER=false
-SPARE = os.environ.get("TUNEHOUSE_SPARE_TRAINER", "true").lower() not in ("false", "0", "no", "off")
 
 # the trainer called directly: argv = stored method (JSON), seed, rows file, output folder
 DIRECT = """
@@ -96,7 +95,7 @@ def _job_wall(
     assert job["status"] == "succeeded", job
     while trainer_pid(str(job["id"])) is not None:  # idle again before the next measurement
         time.sleep(0.01)
-    if SPARE:
+    if get_settings().spare_trainer:  # the worker's (worker/spare_trainer.py), from the same environment
         _wait_for_an_idle_spare(worker)
     return wall, job
 
@@ -107,20 +106,13 @@ def _wait_for_an_idle_spare(worker: int) -> None:
     deadline = time.monotonic() + 60
     last = -1
     while time.monotonic() < deadline:
-        spares = [pid for pid in launch._descendants(worker) if _is_spare(pid)]
+        spares = spare_trainers(worker)
         used = sum(_cpu_ticks(pid) for pid in spares)
         if spares and used == last:
             return
         last = used
         time.sleep(0.5)
     raise AssertionError("the worker started no spare trainer, or its imports never ended")
-
-
-def _is_spare(pid: int) -> bool:
-    try:
-        return b"--spare" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -137,7 +129,7 @@ def _direct_walls(job: dict[str, object], rows: Path) -> tuple[float, float]:
         command = [sys.executable, "-c", DIRECT, json.dumps(job["method"]), str(job["seed"]), str(rows), out]
         started = time.time()  # the wall clock: the child's own clock says when run_method returned
         # the environment a worker gives its trainer process (the allocator's settings), as the job's has
-        env = launch.trainer_environment({**os.environ, "PYTHONWARNINGS": "ignore"})
+        env = trainer_environment({**os.environ, "PYTHONWARNINGS": "ignore"})
         done = subprocess.run(command, check=True, env=env, stdout=subprocess.PIPE, text=True)
 
         def said(what: str) -> float:
@@ -176,7 +168,8 @@ def test_service_overhead(tmp_path: Path) -> None:
     tokens = job["trained_tokens"]
     client_waits = f"polls every {POLL_SECONDS} s" if POLL_SECONDS else "waits on the stream (SDK jobs.wait)"
     print(f"\nSFT on the tiny model, {ROWS} rows x {EPOCHS} epochs ({tokens} trained tokens), {RUNS} pairs")
-    print(f"the client {client_waits}; the worker's spare trainer {'on' if SPARE else 'off'}")
+    spare = "on" if get_settings().spare_trainer else "off"
+    print(f"the client {client_waits}; the worker's spare trainer {spare}")
     _report("trainer called directly, from its process start", [(j, d) for j, d, _ in runs])
     # the issue's target counts the overhead beyond process start: the direct run from the end of its
     # imports, where a spare trainer stands when its job comes

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from sqlalchemy.orm import sessionmaker
@@ -121,6 +121,33 @@ def stored_counts(tenant_id: str) -> dict[str, int]:
     root = get_settings().data_dir / "blobs" / "files" / tenant_id
     counts["blobs"] = sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
     return counts
+
+
+T = TypeVar("T")
+
+
+def until(check: Callable[[], T], what: str, timeout: float = 180) -> T:
+    """``check()``'s first truthy result, asked every 0.1 s; fails after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return result
+
+
+def spare_trainers(worker: int) -> list[int]:
+    """The worker process's idle spare trainers (worker/spare_trainer.py): its children whose command line
+    is still the spare's (one given a job renames itself after it)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if ppid == worker and b"--spare" in argv:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def trainer_pid(job_id: str, *, rank: int | None = None) -> int | None:

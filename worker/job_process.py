@@ -52,7 +52,7 @@ from trainers.registry import METHODS, resolve
 from worker import lease, reference_log_probs
 from worker.checkpoints import restore_latest_checkpoint
 from worker.graders import reward_set
-from worker.launch import die_with_parent
+from worker.launch import die_with_parent, trainer_command
 from worker.methods import RunInputs, keeps_reference_log_probs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
 from worker.outage import blob_outage_event, retry_blob, retry_db
@@ -364,7 +364,7 @@ def wait_as_spare() -> None:
         return  # stdin closed: the worker stops
     job_id, worker_id = line
     # `ps` and the tests find a job's trainer by its command line, as if it had been started for it
-    setproctitle.setproctitle(shlex.join([sys.executable, "-m", "worker.job_process", job_id, worker_id]))
+    setproctitle.setproctitle(shlex.join(trainer_command(job_id, worker_id, ranks=1, grace_seconds=0)))
     run(job_id, worker_id)
 
 

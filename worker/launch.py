@@ -47,12 +47,15 @@ def worker_queues(settings: Settings) -> list[str]:
     return queues_served(settings.job_queue, worker_gpus(settings))
 
 
+TRAINER_MODULE = "worker.job_process"  # a trainer process's entry point
+
+
 def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: float) -> list[str]:
     """The trainer process of a job: itself for one rank, else the launcher of its `ranks` processes.
 
     On SIGTERM (a worker shutting down) the launcher passes SIGTERM to every rank and waits
     `grace_seconds` before it kills them: the same time a one-rank trainer gets to checkpoint."""
-    entry = ["-m", "worker.job_process", job_id, worker_id]
+    entry = ["-m", TRAINER_MODULE, job_id, worker_id]
     if ranks == 1:
         return [sys.executable, *entry]
     launcher = [

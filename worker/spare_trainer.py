@@ -17,12 +17,12 @@ import logging
 import subprocess
 import sys
 
-from worker.launch import start_trainer
+from worker.launch import TRAINER_MODULE, start_trainer
 
 log = logging.getLogger("tunehouse.worker")
 
 SPARE_FLAG = "--spare"
-SPARE_COMMAND = [sys.executable, "-m", "worker.job_process", SPARE_FLAG]
+SPARE_COMMAND = [sys.executable, "-m", TRAINER_MODULE, SPARE_FLAG]
 
 
 class SpareTrainer:
@@ -44,16 +44,17 @@ class SpareTrainer:
             return None
         assert proc.stdin is not None
         try:
-            if proc.poll() is not None:
-                raise BrokenPipeError(f"exited with {proc.returncode}")
-            proc.stdin.write(f"{job_id} {worker_id}\n".encode())
-            proc.stdin.close()
-        except OSError as exc:  # BrokenPipeError: it died since (its exit is reaped by wait)
-            log.warning("spare trainer %s is gone (%s); job %s starts a fresh one", proc.pid, exc, job_id)
-            proc.kill()
-            proc.wait()
-            return None
-        return proc
+            if proc.poll() is None:
+                proc.stdin.write(f"{job_id} {worker_id}\n".encode())
+                proc.stdin.close()
+                return proc
+            why = f"exited with {proc.returncode}"
+        except OSError as exc:  # BrokenPipeError: it died since
+            why = str(exc)
+        log.warning("spare trainer %s is gone (%s); job %s starts a fresh one", proc.pid, why, job_id)
+        proc.kill()
+        proc.wait()
+        return None
 
     def stop(self) -> None:
         """End the idle spare (the worker is stopping): its stdin closes, it exits without a job."""

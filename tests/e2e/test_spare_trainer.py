@@ -10,44 +10,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 
 from tests.conftest import REDIS, _stop, start_server
-from tests.helpers import chat_rows, trainer_pid, upload_ok, wait_for
+from tests.helpers import chat_rows, spare_trainers, trainer_pid, until, upload_ok, wait_for
 
 BROKER = f"{REDIS}/11"
 ENV = {"TUNEHOUSE_BROKER_URL": BROKER, "TUNEHOUSE_JOB_QUEUE": "tunehouse-spare"}
-T = TypeVar("T")
-
-
-def _until(check: Callable[[], T | None], what: str, timeout: float = 120) -> T:
-    deadline = time.monotonic() + timeout
-    while (found := check()) is None or found is False:
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return found
-
-
-def _spares(worker: int) -> list[int]:
-    """The worker's children that are idle spare trainers (their command line is still the spare's)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
-        except (OSError, IndexError):
-            continue
-        if ppid == worker and b"--spare" in argv:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def _one_spare(worker: int) -> int | None:
-    spares = _spares(worker)
+    spares = spare_trainers(worker)
     assert len(spares) <= 1, spares
     return spares[0] if spares else None
 
@@ -71,26 +46,26 @@ def test_a_worker_trains_its_next_job_in_a_spare_started_ahead_and_keeps_one_rea
                 "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}},
             }
             job_id = client.post("/v1/fine_tuning/jobs", json=body).json()["id"]
-            pid = _until(lambda: trainer_pid(job_id), "the job's trainer")
+            pid = until(lambda: trainer_pid(job_id), "the job's trainer")
             assert wait_for(client, job_id, timeout=180)["status"] == "succeeded"
             return job_id, pid
 
-        spare = _until(lambda: _one_spare(worker.pid), "a spare once the worker is ready")
+        spare = until(lambda: _one_spare(worker.pid), "a spare once the worker is ready")
         _, trained_by = run_job()
         assert trained_by == spare  # the job went to the spare, not to a process started for it
-        _until(lambda: not Path(f"/proc/{spare}").exists() or None, "the job's trainer to exit")
-        following = _until(lambda: _one_spare(worker.pid), "the next spare")
+        until(lambda: not Path(f"/proc/{spare}").exists() or None, "the job's trainer to exit")
+        following = until(lambda: _one_spare(worker.pid), "the next spare")
         assert following != spare
 
         # the spare dies while idle: the next job starts a trainer of its own, and a spare follows it
         os.kill(following, signal.SIGKILL)
-        _until(lambda: _one_spare(worker.pid) is None, "the killed spare to be gone")
+        until(lambda: _one_spare(worker.pid) is None, "the killed spare to be gone")
         _, trained_by = run_job()
         assert trained_by != following
-        last = _until(lambda: _one_spare(worker.pid), "a spare after that job")
+        last = until(lambda: _one_spare(worker.pid), "a spare after that job")
 
         _stop(worker)  # a warm shutdown ends the idle spare with the worker
-        _until(lambda: not Path(f"/proc/{last}").exists() or None, "the spare to end", timeout=30)
+        until(lambda: not Path(f"/proc/{last}").exists() or None, "the spare to end", timeout=30)
         client.close()
     finally:
         if worker.poll() is None:
@@ -115,13 +90,13 @@ def test_a_worker_without_a_spare_starts_each_job_its_own_trainer(api_key: str) 
             "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}},
         }
         job_id = client.post("/v1/fine_tuning/jobs", json=body).json()["id"]
-        pid = _until(lambda: trainer_pid(job_id), "the job's trainer")
+        pid = until(lambda: trainer_pid(job_id), "the job's trainer")
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert b"--spare" not in argv and job_id.encode() in argv  # started for the job, as it was named
         assert wait_for(client, job_id, timeout=180)["status"] == "succeeded"
-        _until(lambda: trainer_pid(job_id) is None, "the job's trainer to exit")
+        until(lambda: trainer_pid(job_id) is None, "the job's trainer to exit")
         time.sleep(1)  # a spare would be started as the trainer exits
-        assert _spares(worker.pid) == []
+        assert spare_trainers(worker.pid) == []
         client.close()
     finally:
         _stop(worker)

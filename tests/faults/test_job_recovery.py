@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.faults.servers import FaultStack, postgres_server, redis_server
-from tests.helpers import all_pages, chat_rows, trainer_pid, upload_ok, wait_for
+from tests.helpers import all_pages, chat_rows, trainer_pid, until, upload_ok, wait_for
 
 MODEL = "tunehouse/tiny-llama"
 SETTINGS = {"TUNEHOUSE_CHECKPOINT_MINUTES": "0.02", "TUNEHOUSE_MAX_RESTARTS": "1"}
@@ -84,14 +84,6 @@ def _kinds(events: list[dict[str, Any]]) -> list[str]:
     return [k for e in events if e["data"] and (k := e["data"].get("kind", "")).startswith("job.")]
 
 
-def _until(check: Any, what: str, timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return result
-
-
 def _checkpoint_steps(client: httpx.Client, job_id: str) -> list[int]:
     data = client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints").json()["data"]
     return sorted(c["step_number"] for c in data if not c["is_final"])
@@ -113,9 +105,9 @@ def _step(client: httpx.Client, job_id: str) -> int:
 
 def _cancel_after(client: httpx.Client, job_id: str, step: int) -> None:
     """Let a long job train past `step`, then cancel it: the tests need its first steps only."""
-    _until(lambda: _step(client, job_id) > step, f"step {step}")
+    until(lambda: _step(client, job_id) > step, f"step {step}")
     assert client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").json()["status"] == "cancelled"
-    _until(lambda: trainer_pid(job_id) is None, "the trainer to stop", timeout=60)
+    until(lambda: trainer_pid(job_id) is None, "the trainer to stop", timeout=60)
 
 
 def _resumed_at(events: list[dict[str, Any]]) -> list[int]:
@@ -176,16 +168,16 @@ def test_broker_down_at_create_then_job_runs_once(
 def test_killed_trainer_resumes_from_time_checkpoint_until_restarts_run_out(recovery: Env) -> None:
     client = recovery.client
     job_id = _create(client)  # no save_steps: only the time-based default saves it
-    _until(lambda: _checkpoint_steps(client, job_id), "a time-based checkpoint")
-    first = _until(lambda: trainer_pid(job_id), "the trainer")
+    until(lambda: _checkpoint_steps(client, job_id), "a time-based checkpoint")
+    first = until(lambda: trainer_pid(job_id), "the trainer")
     os.kill(first, signal.SIGKILL)
-    _until(lambda: _resumed_at(_events(client, job_id)), "the restarted run to resume")
+    until(lambda: _resumed_at(_events(client, job_id)), "the restarted run to resume")
     resumed_at = _resumed_at(_events(client, job_id))[0]
     assert resumed_at > 0  # from the time-based checkpoint, not from step 0
-    _until(lambda: _step(client, job_id) > resumed_at + 1, "progress after the restart")
+    until(lambda: _step(client, job_id) > resumed_at + 1, "progress after the restart")
 
     # TUNEHOUSE_MAX_RESTARTS=1: the second death of the same job fails it, the system's fault
-    second = _until(lambda: (pid := trainer_pid(job_id)) != first and pid, "the restarted trainer")
+    second = until(lambda: (pid := trainer_pid(job_id)) != first and pid, "the restarted trainer")
     os.kill(second, signal.SIGKILL)
     job = wait_for(client, job_id, timeout=120)
     assert job["status"] == "failed"
@@ -208,13 +200,13 @@ def test_pause_then_resume_repeats_the_uninterrupted_losses(
     client = recovery.client
     job_id = _create(client, seed=11)
     url = f"/v1/fine_tuning/jobs/{job_id}"
-    _until(lambda: _step(client, job_id) >= 2, "training")
+    until(lambda: _step(client, job_id) >= 2, "training")
     asked = client.post(f"{url}/pause")
     assert asked.status_code == 200, asked.text
     assert asked.json()["status"] == "running"  # it checkpoints at its next step, then it is paused
     paused = wait_for(client, job_id, ("paused", "succeeded", "failed"), timeout=60)
     assert paused["status"] == "paused", paused
-    _until(lambda: trainer_pid(job_id) is None, "the trainer to exit", timeout=30)
+    until(lambda: trainer_pid(job_id) is None, "the trainer to exit", timeout=30)
     at = paused["current_step"]
     assert _checkpoint_steps(client, job_id)[-1] == at
     conflict = client.post(f"{url}/pause")
@@ -251,7 +243,7 @@ def test_sigterm_to_a_worker_hands_its_job_to_another(recovery: Env) -> None:
     client = recovery.client
     recovery.stack.start_worker()
     job_id = _create(client)
-    _until(lambda: _step(client, job_id) >= 2, "training")
+    until(lambda: _step(client, job_id) >= 2, "training")
     holder = next(
         e["data"]["worker"]
         for e in reversed(_events(client, job_id))
@@ -265,7 +257,7 @@ def test_sigterm_to_a_worker_hands_its_job_to_another(recovery: Env) -> None:
     assert took < 30, f"the worker took {took:.1f}s to hand its job back and exit"
     print(f"\nSIGTERM: the worker handed its job back and exited in {took:.1f}s")
 
-    _until(lambda: _resumed_at(_events(client, job_id)), "another worker to resume it")
+    until(lambda: _resumed_at(_events(client, job_id)), "another worker to resume it")
     handed_at = _resumed_at(_events(client, job_id))[0]
     _cancel_after(client, job_id, handed_at + 2)
     events = _events(client, job_id)
