@@ -203,3 +203,26 @@ def test_linear_cross_entropy_with_a_frozen_head_under_autocast() -> None:
     assert sums.loss_sum.item() == pytest.approx(expected.item(), rel=1e-6)
     assert sums.loss_sum.item() != pytest.approx(float32_loss.item(), rel=1e-4)
     assert torch.allclose(hidden.grad, expected_grad, rtol=2e-2, atol=1e-2)
+
+
+def test_a_trained_head_under_autocast_over_uneven_chunks() -> None:
+    """Full fine-tuning trains the head: under bf16 autocast its weight's gradient is summed over the
+    chunks in float32 from bf16 products, each chunk reusing the last one's buffers (10 rows in chunks of
+    4, 4 and 2): loss and both gradients as the whole logits' in bf16 give them."""
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(10, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(24, 8, generator=generator, requires_grad=True)
+    targets = torch.randint(0, 24, (10,), generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = hidden @ weight.T
+    expected = F.cross_entropy(logits.float(), targets, reduction="sum")
+    (expected * 0.37).backward()
+    expected_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad, weight.grad = None, None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sums = linear_cross_entropy(hidden, weight, targets, chunk_rows=4)
+    (sums.loss_sum * 0.37).backward()
+    assert sums.loss_sum.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert weight.grad.dtype == torch.float32
+    assert torch.allclose(hidden.grad, expected_grads[0], rtol=2e-2, atol=1e-2)
+    assert torch.allclose(weight.grad, expected_grads[1], rtol=2e-2, atol=1e-2)
