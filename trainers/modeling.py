@@ -31,6 +31,7 @@ from trainers import varlen_attention
 from trainers.activation_memory import save_less_activation
 from trainers.checkpoint import MODEL_DIR
 from trainers.distributed import local_device
+from trainers.fused_lora import fuse_lora
 from trainers.losses import linear_token_nll
 from trainers.packing import PackedLayout, PairPacking
 from trainers.registry import choices
@@ -150,6 +151,7 @@ def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
         )
         peft_model = get_peft_model(model, config)
     assert isinstance(peft_model, PeftModel)
+    fuse_lora(peft_model)
     return peft_model
 
 
@@ -208,6 +210,7 @@ def load_sequence_classifier(
                 "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
             )
             model = get_peft_model(model, config)
+        fuse_lora(model)
         if resume_model is not None:
             set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
         model.get_submodule("base_model.model.score").float()  # the head trains in fp32

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from peft.tuners.lora import Linear as LoraLinear
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from trainers import activation_memory
@@ -110,8 +111,8 @@ def test_a_model_trains_as_with_transformers_forwards_and_recomputes_each_produc
     model = load_model(settings, torch.device("cpu"))
     plain = copy.deepcopy(model)
     for module in plain.modules():
-        if "forward" in vars(module):
-            del module.forward  # back to the class's forward (transformers' own)
+        if "forward" in vars(module) and not isinstance(module, LoraLinear):
+            del module.forward  # back to the class's forward (transformers' own; LoRA's stay fused)
     # LoRA's B starts at zero and the norms' weights at one, which would hide a wrong recomputation
     for name, parameter in model.named_parameters():
         if "lora_B" in name or "norm" in name:
@@ -155,7 +156,12 @@ def test_a_layer_registers_only_what_backward_asks_for(
 
 
 def _patched(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [module for module in model.modules() if "forward" in vars(module)]
+    """The modules whose forward a trainer replaced, but for LoRA layers' (trainers/fused_lora.py)."""
+    return [
+        module
+        for module in model.modules()
+        if "forward" in vars(module) and not isinstance(module, LoraLinear)
+    ]
 
 
 def test_a_copied_model_runs_its_own_modules(tiny_model_path: Path) -> None:

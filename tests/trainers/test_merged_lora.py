@@ -13,6 +13,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
+from trainers import fused_lora
 from trainers.merged_lora import merged_lora
 from trainers.modeling import load_model
 from trainers.rollout import generate_rollout, tokenize_rl_rows
@@ -45,12 +46,20 @@ def _lora_model(path: Path, precision: str = "no") -> PeftModel:
     return model
 
 
-def _adapter_calls(model: torch.nn.Module) -> list[str]:
-    """Counts the adapters' ``A`` products: each call appends the module's name."""
+def _adapter_calls(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts the adapters' products: each ``A`` product through peft appends the module's name, each
+    layer's fused product (trainers/fused_lora.py, how a trainer's model runs them) appends "fused"."""
     calls: list[str] = []
     for name, module in model.named_modules():
         if name.endswith("lora_A.default"):
             module.register_forward_hook(lambda *_, n=name: calls.append(n))
+    fused = fused_lora._LoraProduct.forward
+
+    def counted(ctx: Any, *args: Any) -> torch.Tensor:
+        calls.append("fused")
+        return fused(ctx, *args)
+
+    monkeypatch.setattr(fused_lora._LoraProduct, "forward", staticmethod(counted))
     return calls
 
 
@@ -67,11 +76,11 @@ def _assert_same_bits(model: torch.nn.Module, before: dict[str, torch.Tensor]) -
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_merged_model_computes_the_adapters_outputs_without_their_products(
-    tiny_model_path: Path, precision: str
+    tiny_model_path: Path, precision: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = _lora_model(tiny_model_path, precision)
     before = _weights(model)
-    calls = _adapter_calls(model)
+    calls = _adapter_calls(model, monkeypatch)
     with torch.no_grad():
         unmerged = model(input_ids=IDS).logits.float()
         assert calls, "the hook sees the adapter's products"
@@ -121,7 +130,7 @@ def test_a_model_without_adapters_runs_as_it_is(tiny_model_path: Path) -> None:
 
 
 def test_rollouts_sample_merged_and_leave_the_base_as_it_was(
-    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
+    tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = _lora_model(tiny_model_path)
     model.train()
@@ -129,7 +138,7 @@ def test_rollouts_sample_merged_and_leave_the_base_as_it_was(
     rows = [{"prompt": "Hi there"}, {"prompt": "Capital of Peru?"}]
     prompts = tokenize_rl_rows(rows, tokenizer, max_prompt_length=64)
     kw: dict[str, Any] = {"num_generations": 3, "max_completion_length": 10, "seed": 3, "greedy": True}
-    calls = _adapter_calls(model)
+    calls = _adapter_calls(model, monkeypatch)
     rollout = generate_rollout(model, tokenizer, prompts, **kw)
     assert calls == []
     _assert_same_bits(model, before)
