@@ -11,8 +11,9 @@ and [out, r] products instead of a [tokens, out] one. For one SmolLM2 MLP projec
 
 The values are peft's up to rounding: the same products in the same dtype, summed in another order.
 Only plain LoRA takes this path (one active adapter, no dropout, no DoRA or other variant, no adapter
-bias, an ``nn.Linear`` base that does not train, not merged); any other call goes through peft's
-forward, checked at each call since adapters can be disabled (a DPO reference) or merged (rollouts).
+bias, an ``nn.Linear`` base whose weight and bias do not train, not merged); any other call goes
+through peft's forward, checked at each call since adapters can be disabled (a DPO reference) or
+merged (rollouts).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def _fusable(layer: LoraLinear, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     if (
         type(base) is not torch.nn.Linear
         or base.weight.requires_grad
+        or (base.bias is not None and base.bias.requires_grad)
         or not isinstance(layer.lora_dropout[name], torch.nn.Identity)
         or layer.lora_B[name].bias is not None
     ):

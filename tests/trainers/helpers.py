@@ -1,10 +1,12 @@
-"""Test helpers: a callback that records everything and can ask the loop to stop; packed against padded."""
+"""Test helpers: a callback that records everything and can ask the loop to stop; packed against padded;
+the model settings a trainer loads a model with."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -78,6 +80,22 @@ SMALL_RUN: dict[str, Any] = {
     "num_ppo_epochs": 1,
     "num_mini_batches": 1,
 }
+
+
+def model_settings(model_path: Path, **overrides: Any) -> SimpleNamespace:
+    """What ``modeling.load_model`` reads of a config: a LoRA model (r 4) in fp32, + ``overrides``."""
+    fields: dict[str, Any] = {
+        "model_path": str(model_path),
+        "use_lora": True,
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0.0,
+        "lora_target_modules": None,
+        "gradient_checkpointing": False,
+        "mixed_precision": "no",
+        "resume_from": None,
+    }
+    return SimpleNamespace(**(fields | overrides))
 
 
 def small_config(method: str, model_path: Path, output_dir: Path, **overrides: Any) -> Any:

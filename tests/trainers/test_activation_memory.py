@@ -7,7 +7,6 @@ import copy
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from peft.tuners.lora import Linear as LoraLinear
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from tests.trainers.helpers import model_settings
 from trainers import activation_memory
 from trainers.activation_memory import recompute, recompute_scope, save_less_activation, silu_mul
 from trainers.modeling import autocast_dtype, computing_in, load_model
@@ -70,21 +70,6 @@ def test_a_saved_tensor_is_recomputed_once_and_others_are_kept(counting: type[_C
     torch.testing.assert_close(other_weight.grad, expected)
 
 
-def _settings(model_path: Path, **overrides: Any) -> SimpleNamespace:
-    fields: dict[str, Any] = {
-        "model_path": str(model_path),
-        "use_lora": True,
-        "lora_r": 4,
-        "lora_alpha": 8,
-        "lora_dropout": 0.0,
-        "lora_target_modules": None,
-        "gradient_checkpointing": False,
-        "mixed_precision": "no",
-        "resume_from": None,
-    }
-    return SimpleNamespace(**(fields | overrides))
-
-
 def _loss_and_gradients(
     model: torch.nn.Module, compute: torch.dtype | None = None
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -106,7 +91,7 @@ def test_a_model_trains_as_with_transformers_forwards_and_recomputes_each_produc
 ) -> None:
     """In fp32 and under CPU bf16 autocast (with LoRA, a bf16 frozen base), where the rebuilt tensors
     must come out in the dtype the forward gave them."""
-    settings = _settings(tiny_model_path, use_lora=use_lora, mixed_precision=precision)
+    settings = model_settings(tiny_model_path, use_lora=use_lora, mixed_precision=precision)
     compute = autocast_dtype(precision, torch.device("cpu"))
     model = load_model(settings, torch.device("cpu"))
     plain = copy.deepcopy(model)
@@ -150,7 +135,7 @@ def test_a_layer_registers_only_what_backward_asks_for(
         register(scope, tensor, compute)
 
     monkeypatch.setattr(activation_memory._RecomputeScope, "recompute", counted)
-    model = load_model(_settings(tiny_model_path, use_lora=use_lora), torch.device("cpu"))
+    model = load_model(model_settings(tiny_model_path, use_lora=use_lora), torch.device("cpu"))
     _loss_and_gradients(model)
     assert len(registered) == counting.computed == 2 * (3 if use_lora else 5)
 
@@ -165,14 +150,14 @@ def _patched(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def test_a_copied_model_runs_its_own_modules(tiny_model_path: Path) -> None:
-    model = load_model(_settings(tiny_model_path, use_lora=False), torch.device("cpu"))
+    model = load_model(model_settings(tiny_model_path, use_lora=False), torch.device("cpu"))
     copied = _patched(copy.deepcopy(model))
     assert len(copied) == 2 * 4  # per layer: the layer, its MLP, its two norms
     assert all(module.forward.__self__ is module for module in copied)
 
 
 def test_gradient_checkpointing_keeps_transformers_forwards(tiny_model_path: Path) -> None:
-    model = load_model(_settings(tiny_model_path, gradient_checkpointing=True), torch.device("cpu"))
+    model = load_model(model_settings(tiny_model_path, gradient_checkpointing=True), torch.device("cpu"))
     assert _patched(model) == []
 
 

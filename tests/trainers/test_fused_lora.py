@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,26 +13,12 @@ import torch
 from peft import PeftModel
 from peft.tuners.lora import Linear as LoraLinear
 
+from tests.trainers.helpers import model_settings
 from trainers import fused_lora
 from trainers.modeling import autocast_dtype, computing_in, load_model, load_sequence_classifier
 
 IDS = torch.tensor([[5, 9, 14, 3, 22, 7, 40], [11, 4, 8, 30, 2, 6, 0]])
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]])
-
-
-def _settings(path: Path, **overrides: Any) -> SimpleNamespace:
-    fields: dict[str, Any] = {
-        "model_path": str(path),
-        "use_lora": True,
-        "lora_r": 4,
-        "lora_alpha": 8,
-        "lora_dropout": 0.0,
-        "lora_target_modules": None,
-        "gradient_checkpointing": False,
-        "mixed_precision": "no",
-        "resume_from": None,
-    }
-    return SimpleNamespace(**(fields | overrides))
 
 
 def _with_trained_adapter(model: torch.nn.Module) -> torch.nn.Module:
@@ -81,7 +66,7 @@ def fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_trainers_lora_layers_train_as_peft_computes_them(
     tiny_model_path: Path, fused_calls: list[int]
 ) -> None:
-    model = _with_trained_adapter(load_model(_settings(tiny_model_path), torch.device("cpu")))
+    model = _with_trained_adapter(load_model(model_settings(tiny_model_path), torch.device("cpu")))
     plain = _through_peft(model)
 
     loss, grads = _loss_and_gradients(model, None)
@@ -104,7 +89,7 @@ def test_under_bf16_autocast_the_products_run_in_bf16_and_the_adapter_trains_in_
     """The fp32 test above checks the arithmetic. In bf16 this tiny random model's gradients are mostly
     rounding (peft's own differ from fp32's by more than their size), so here: the dtypes, and the loss
     within bf16's reach of peft's."""
-    settings = _settings(tiny_model_path, mixed_precision="bf16")
+    settings = model_settings(tiny_model_path, mixed_precision="bf16")
     model = _with_trained_adapter(load_model(settings, torch.device("cpu")))
     plain = _through_peft(model)
     compute = autocast_dtype("bf16", torch.device("cpu"))
@@ -123,7 +108,7 @@ def test_a_reward_models_lora_layers_are_fused_and_its_head_trains(
     tiny_model_path: Path, fused_calls: list[int]
 ) -> None:
     model = _with_trained_adapter(
-        load_sequence_classifier(_settings(tiny_model_path), torch.device("cpu"), pad_token_id=0)
+        load_sequence_classifier(model_settings(tiny_model_path), torch.device("cpu"), pad_token_id=0)
     )
     plain = _through_peft(model)
     scores = model(input_ids=IDS, attention_mask=MASK).logits
@@ -141,9 +126,10 @@ def test_a_reward_models_lora_layers_are_fused_and_its_head_trains(
 def test_layers_that_are_not_plain_lora_at_a_call_run_peft_forward(
     tiny_model_path: Path, fused_calls: list[int]
 ) -> None:
-    """A disabled adapter (a DPO reference) gives the base model's outputs, and dropout on the adapter's
-    input is peft's to apply: neither runs the fused product."""
-    model = _with_trained_adapter(load_model(_settings(tiny_model_path), torch.device("cpu")))
+    """A disabled adapter (a DPO reference) gives the base model's outputs, dropout on the adapter's
+    input is peft's to apply, and a base layer that trains gets its gradient from peft's forward: none
+    of them runs the fused product."""
+    model = _with_trained_adapter(load_model(model_settings(tiny_model_path), torch.device("cpu")))
     assert isinstance(model, PeftModel)
     base = _through_peft(model)
     with torch.no_grad():
@@ -156,6 +142,13 @@ def test_layers_that_are_not_plain_lora_at_a_call_run_peft_forward(
             torch.testing.assert_close(disabled, base(input_ids=IDS).logits, rtol=0, atol=0)
     assert (adapted - disabled).abs().max() > 0.1
 
-    with_dropout = load_model(_settings(tiny_model_path, lora_dropout=0.1), torch.device("cpu"))
+    with_dropout = load_model(model_settings(tiny_model_path, lora_dropout=0.1), torch.device("cpu"))
     with_dropout(input_ids=IDS)
     assert fused_calls == []
+
+    # a base layer that trains (its bias here) needs its own gradient, which the fused product leaves out
+    layer = next(m for m in model.modules() if isinstance(m, LoraLinear))
+    layer.base_layer.bias = torch.nn.Parameter(torch.zeros(layer.base_layer.out_features))
+    model(input_ids=IDS).logits.sum().backward()
+    assert len(fused_calls) == 2 * 7 - 1
+    assert layer.base_layer.bias.grad is not None and layer.base_layer.bias.grad.abs().sum() > 0

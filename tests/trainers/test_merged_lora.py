@@ -5,7 +5,6 @@ same bits afterwards."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
+from tests.trainers.helpers import model_settings
 from trainers import fused_lora
 from trainers.merged_lora import merged_lora
 from trainers.modeling import load_model
@@ -24,17 +24,7 @@ IDS = torch.tensor([[5, 9, 14, 3, 22, 7], [11, 4, 8, 30, 2, 6]])
 def _lora_model(path: Path, precision: str = "no") -> PeftModel:
     """A LoRA model as a run loads it (``bf16``: its frozen base in bf16), with an adapter that
     changes the outputs (``B`` is zero at initialisation)."""
-    settings = SimpleNamespace(
-        model_path=str(path),
-        use_lora=True,
-        lora_r=8,
-        lora_alpha=16,
-        lora_dropout=0.0,
-        lora_target_modules=None,
-        gradient_checkpointing=False,
-        mixed_precision=precision,
-        resume_from=None,
-    )
+    settings = model_settings(path, lora_r=8, lora_alpha=16, mixed_precision=precision)
     model = load_model(settings, torch.device("cpu"))
     assert isinstance(model, PeftModel)
     torch.manual_seed(1)
