@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainers import varlen_attention
-from trainers.modeling import use_cuda_attention_kernels, use_plan_free_attention
+from trainers.modeling import use_attention_kernels, use_plan_free_attention
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +45,8 @@ def test_a_cuda_trainer_routes_packed_sequences_to_the_varlen_kernel() -> None:
     """Where this torch has the variable-length kernel (>= 2.10, as the pinned 2.13 does), a CUDA trainer
     process routes sdpa through ``varlen_attention``; a CPU one keeps transformers' own sdpa."""
     assert varlen_attention.varlen_attn is not None
-    use_cuda_attention_kernels(torch.device("cpu"))
+    use_attention_kernels(torch.device("cpu"))
     assert not varlen_attention.installed()
-    use_cuda_attention_kernels(torch.device("cuda", 0))
+    use_attention_kernels(torch.device("cuda", 0))
     assert varlen_attention.installed()
     assert not torch.backends.cuda.cudnn_sdp_enabled()
