@@ -53,10 +53,10 @@ class _BlockedAttention(torch.autograd.Function):
         value: torch.Tensor,
         mask: torch.Tensor | None,
         scale: float,
+        additive: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        additive = None  # the kernel takes a mask of the queries' dtype, added to the scores
-        if mask is not None:
-            additive = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, float("-inf"))
+        if mask is not None and additive is None:  # the kernel takes a mask added to the scores
+            additive = _additive(mask, query.dtype)
         out: torch.Tensor
         lse: torch.Tensor
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -67,7 +67,9 @@ class _BlockedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+    def backward(
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
         query, key, value, out, lse, mask = ctx.saved_tensors
         scale: float = ctx.scale
         batch, heads, width, dim = query.shape
@@ -113,6 +115,7 @@ class _BlockedAttention(torch.autograd.Function):
             grad_value.to(value.dtype),
             None,
             None,
+            None,
         )
 
 
@@ -136,36 +139,67 @@ def _compute_dtype(query: torch.Tensor) -> torch.dtype:
     return query.dtype
 
 
-def _takes_blocked(
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+
+
+class _Mask:
+    """A layer call's mask as the blocked path takes it: where queries attend, and the same as an additive
+    mask in the compute dtype for the flash forward. transformers hands every layer of a forward the same
+    mask tensor, so the last one's conversion is kept and reused while that tensor is unchanged."""
+
+    def __init__(self, source: torch.Tensor, allowed: torch.Tensor, additive: torch.Tensor) -> None:
+        self.source, self.version = source, source._version
+        self.allowed, self.additive = allowed, additive
+
+    def of(self, mask: torch.Tensor, dtype: torch.dtype) -> bool:
+        return mask is self.source and mask._version == self.version and self.additive.dtype == dtype
+
+
+_last_mask: _Mask | None = None
+
+
+def _blocked_mask(mask: torch.Tensor, dtype: torch.dtype) -> _Mask | None:
+    """``mask`` as the blocked path takes it: a boolean one as it is; an additive one (the pair methods'
+    packed rows) where it is 0, provided every other value masks (below -1e4) rather than biases; else
+    None (a bias: sdpa's)."""
+    global _last_mask
+    if _last_mask is not None and _last_mask.of(mask, dtype):
+        return _last_mask
+    if mask.dtype == torch.bool:
+        allowed = mask
+    else:
+        allowed = mask == 0
+        if not bool((allowed | (mask < -1e4)).all()):
+            return None
+    _last_mask = _Mask(mask, allowed, _additive(allowed, dtype))
+    return _last_mask
+
+
+def _blocked_call(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     mask: torch.Tensor | None,
     dropout: float,
     kwargs: dict[str, Any],
-) -> bool:
+) -> tuple[bool, _Mask | None]:
+    """Whether this call takes the blocked path, and its mask as that path takes it (None: causal)."""
     if query.device.type != "cpu" or dropout != 0.0 or not torch.is_grad_enabled():
-        return False
+        return False, None
     if not (query.requires_grad or key.requires_grad) or _compute_dtype(query) != torch.bfloat16:
-        return False
+        return False, None
     width = query.shape[2]
     if width < 2 or key.shape[2] != width or query.shape[1] % key.shape[1] != 0:
-        return False
+        return False, None
     if any(kwargs.get(name) is not None for name in ("position_bias", "cache", "softcap", "is_causal")):
-        return False
+        return False, None
     if mask is None:
-        return bool(getattr(module, "is_causal", True))
-    return mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-1] == width
-
-
-def _allowed(mask: torch.Tensor) -> torch.Tensor | None:
-    """Where ``mask`` lets a query attend, as a boolean: itself if boolean; for an additive mask (the pair
-    methods' packed rows), where it is 0, provided every other value masks (below -1e4) rather than
-    biases; else None."""
-    if mask.dtype == torch.bool:
-        return mask
-    allowed = mask == 0
-    return allowed if bool((allowed | (mask < -1e4)).all()) else None
+        return bool(getattr(module, "is_causal", True)), None
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] != width:
+        return False, None
+    converted = _blocked_mask(mask, torch.bfloat16)
+    return converted is not None, converted
 
 
 def attention_forward(
@@ -180,20 +214,20 @@ def attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature (returns [B, T, H, D]): a training call on a CPU in
     bf16 through ``_BlockedAttention``, anything else through ``varlen_attention.attention_forward``."""
-    if not _takes_blocked(module, query, key, attention_mask, dropout, kwargs):
+    blocked, mask = _blocked_call(module, query, key, attention_mask, dropout, kwargs)
+    if not blocked:
         return varlen_attention.attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    allowed = None if attention_mask is None else _allowed(attention_mask)
-    if attention_mask is not None and allowed is None:  # a bias, not a mask
-        return varlen_attention.attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    dtype = _compute_dtype(query)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     with torch.autocast("cpu", enabled=False):
         out: torch.Tensor = _BlockedAttention.apply(  # type: ignore[no-untyped-call]
-            query.to(dtype), key.to(dtype), value.to(dtype), allowed, scale
+            query.to(torch.bfloat16),
+            key.to(torch.bfloat16),
+            value.to(torch.bfloat16),
+            None if mask is None else mask.allowed,
+            scale,
+            None if mask is None else mask.additive,
         )
     return out.transpose(1, 2).contiguous(), None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -111,16 +112,10 @@ def test_an_additive_mask_is_taken_as_the_boolean_it_encodes_and_a_bias_is_left_
     calls: list[bool] = []
     forward = cpu_attention._BlockedAttention.forward
 
-    def counted(
-        ctx: object,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None,
-        scale: float,
-    ) -> torch.Tensor:
+    def counted(ctx: object, *inputs: Any) -> torch.Tensor:
+        mask = inputs[3]  # query, key, value, mask, ...
         calls.append(mask is not None and mask.dtype == torch.bool)
-        return forward(ctx, query, key, value, mask, scale)  # type: ignore[arg-type]
+        return forward(ctx, *inputs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(cpu_attention._BlockedAttention, "forward", staticmethod(counted))
     q, k, v = (t.requires_grad_() for t in _inputs())
@@ -140,3 +135,20 @@ def test_an_additive_mask_is_taken_as_the_boolean_it_encodes_and_a_bias_is_left_
         bias[..., 0] = -0.5  # every query's first key: attended, with a penalty
         cpu_attention.attention_forward(module, q, k, v, bias, scaling=dim**-0.5)
     assert calls == [True]
+
+
+def test_a_mask_changed_in_place_is_converted_again() -> None:
+    """Each layer of a forward gets the same mask tensor, whose conversion is kept; a tensor written to
+    since (or another tensor) is converted anew."""
+    q, k, v = (t.requires_grad_() for t in _inputs())
+    batch, _, width, dim = q.shape
+    module = torch.nn.Module()
+    mask = _packed_mask(batch, width)[:, None].clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):
+            out, _ = cpu_attention.attention_forward(module, q, k, v, mask, scaling=dim**-0.5)
+            expected = F.scaled_dot_product_attention(
+                q.bfloat16(), k.bfloat16(), v.bfloat16(), attn_mask=mask, scale=dim**-0.5, enable_gqa=True
+            )
+            torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=0)
+            mask[1] = torch.ones(width, width, dtype=torch.bool).tril()  # row 1: one sequence now
