@@ -40,7 +40,7 @@ class TrainingConfig:
         weight_decay: AdamW decoupled weight decay, on matrices only.
         max_grad_norm: clip the global gradient norm to this.
         mixed_precision: ``auto`` (bf16 on CUDA if supported, else none) | ``no`` | ``bf16`` | ``fp16``;
-            on a CPU only ``bf16`` autocasts (``modeling.autocast_dtype``), the others train in fp32.
+            on a CPU only ``bf16`` autocasts (``precision.autocast_dtype``), the others train in fp32.
         seed: seeds LoRA initialisation, dropout and the data order.
         max_steps: cap on the number of optimizer steps (None: ``n_epochs`` full epochs).
 

@@ -33,6 +33,7 @@ import torch
 from transformers.modeling_utils import AttentionInterface
 
 from trainers import varlen_attention
+from trainers.precision import product_dtype
 
 # query rows a backward block takes: at 128-150 rows the float32 scores of a block stay in the caches
 # (one block of all 295 rows took 32 ms against 11 ms in two blocks; 512 rows: 31 ms in four, 57 in two)
@@ -131,14 +132,6 @@ def _block_keys(mask: torch.Tensor | None, start: int, end: int) -> tuple[int, t
     return keys, ~allowed[..., :keys].unsqueeze(2)
 
 
-def _compute_dtype(query: torch.Tensor) -> torch.dtype:
-    """The dtype sdpa computes in here: autocast's, where it is on (it casts sdpa's inputs), else the
-    query's."""
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu")
-    return query.dtype
-
-
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
 
@@ -187,7 +180,7 @@ def _blocked_call(
     """Whether this call takes the blocked path, and its mask as that path takes it (None: causal)."""
     if query.device.type != "cpu" or dropout != 0.0 or not torch.is_grad_enabled():
         return False, None
-    if not (query.requires_grad or key.requires_grad) or _compute_dtype(query) != torch.bfloat16:
+    if not (query.requires_grad or key.requires_grad) or product_dtype("cpu", query.dtype) != torch.bfloat16:
         return False, None
     width = query.shape[2]
     if width < 2 or key.shape[2] != width or query.shape[1] % key.shape[1] != 0:

@@ -37,7 +37,6 @@ from trainers.entry import Rows, begin_training, tokenize_splits
 from trainers.example_store import ExampleStore, ExampleWriter
 from trainers.loop import LossSums, TrainingTask, run_training
 from trainers.modeling import (
-    autocast_dtype,
     load_model,
     pair_packing,
     pick_device,
@@ -45,6 +44,7 @@ from trainers.modeling import (
     target_log_probs,
 )
 from trainers.packing import PackedLayout, PairPacking
+from trainers.precision import autocast_dtype
 from trainers.preference_data import (
     PreferenceBatch,
     PreferenceExample,

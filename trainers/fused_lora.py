@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from peft.tuners.lora import Linear as LoraLinear
 
+from trainers.precision import product_dtype
+
 
 class _LoraProduct(torch.autograd.Function):
     """``x W^T + bias + scaling * (x A^T) B^T`` for 2-D ``x`` [N, in], all in one dtype."""
@@ -89,7 +91,7 @@ def _fused_forward(layer: LoraLinear, x: torch.Tensor, *args: Any, **kwargs: Any
     assert isinstance(base, torch.nn.Linear)
     device = x.device.type
     # the dtype autocast would give each of the three products (it casts inputs to its own), else x's
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    dtype = product_dtype(device, x.dtype)
     with torch.autocast(device, enabled=False):
         flat = x.to(dtype).reshape(-1, x.shape[-1])  # a view of x where x already has that dtype
         out: torch.Tensor = _LoraProduct.apply(  # type: ignore[no-untyped-call]

@@ -47,7 +47,8 @@ from trainers.checkpoint import (
     restore_training_state,
     save_checkpoint,
 )
-from trainers.modeling import autocast_dtype, computing_in
+from trainers.modeling import computing_in
+from trainers.precision import autocast_dtype
 from trainers.schedule import build_scheduler
 
 __all__ = [

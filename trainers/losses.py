@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trainers.precision import product_dtype
+
 IGNORE_INDEX = -100
 
 
@@ -98,7 +100,7 @@ class _LinearTokenNLL(torch.autograd.Function):
         nll = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
         correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         lse = torch.empty_like(nll)
-        compute = _matmul_dtype(hidden.device.type)
+        compute = product_dtype(hidden.device.type, torch.float32)
         unscaled = torch.empty_like(hidden) if gradient_in_forward else None
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(compute)
@@ -192,14 +194,6 @@ class _ChunkBuffers:
         if self._compute is None:
             return values
         return self._compute[: values.shape[0]].copy_(values)
-
-
-def _matmul_dtype(device_type: str) -> torch.dtype:
-    """The dtype autocast gives a matrix product here: its own dtype inside an enabled autocast, else
-    float32."""
-    if torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return torch.float32
 
 
 def linear_token_nll(

@@ -34,10 +34,8 @@ from trainers.distributed import local_device
 from trainers.fused_lora import fuse_lora
 from trainers.losses import linear_token_nll
 from trainers.packing import PackedLayout, PairPacking
-from trainers.registry import choices
+from trainers.precision import autocast_dtype
 from trainers.sharding import is_sharded
-
-PRECISIONS = choices("supervised", "mixed_precision")
 
 
 class ModelSettings(Protocol):
@@ -55,24 +53,6 @@ class ModelSettings(Protocol):
 def pick_device() -> torch.device:
     """This process's device: ``cuda:LOCAL_RANK`` on a GPU host (one device per rank), else the CPU."""
     return local_device()
-
-
-def autocast_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast compute dtype, or None for plain fp32.
-
-    On CUDA: ``auto`` is bf16 where the GPU has it, ``bf16`` and ``fp16`` are what they say. On the CPU
-    only an explicit ``bf16`` autocasts (to bf16): it pays on CPUs with bf16 matrix instructions
-    (AVX512-BF16, AMX), and it changes the numbers, so ``auto`` stays fp32 there. ``fp16`` on the CPU
-    trains in fp32: CPUs have no fast fp16 products for training."""
-    if mixed_precision not in PRECISIONS:
-        raise ValueError(f"mixed_precision must be one of {PRECISIONS}, not {mixed_precision!r}")
-    if mixed_precision == "no":
-        return None
-    if device.type != "cuda":
-        return torch.bfloat16 if mixed_precision == "bf16" else None
-    if mixed_precision == "auto":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    return torch.bfloat16 if mixed_precision == "bf16" else torch.float16
 
 
 @contextmanager

@@ -31,6 +31,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import AttentionInterface
 
+from trainers.precision import product_dtype
+
 _VarlenAttention = Callable[..., Any]
 try:
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -129,7 +131,7 @@ def _kernel_dtype(query: torch.Tensor) -> torch.dtype | None:
     inputs down, and a Llama's rotary embedding hands it float32 queries even under bf16 autocast), else
     the queries' own; None where the CUDA kernel cannot take it (it takes fp16 and bf16 only)."""
     device = query.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+    dtype = product_dtype(device, query.dtype)
     if device == "cuda" and dtype not in (torch.float16, torch.bfloat16):
         return None
     return dtype

@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from tests.trainers.helpers import model_settings
 from trainers import activation_memory
 from trainers.activation_memory import recompute, recompute_scope, save_less_activation, silu_mul
-from trainers.modeling import autocast_dtype, computing_in, load_model
+from trainers.modeling import computing_in, load_model
+from trainers.precision import autocast_dtype
 
 
 def test_silu_mul_equals_silu_times_up_in_value_and_gradient() -> None:

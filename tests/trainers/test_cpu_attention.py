@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from tests.trainers.helpers import model_settings
 from trainers import cpu_attention, varlen_attention
-from trainers.modeling import autocast_dtype, computing_in, load_model
+from trainers.modeling import computing_in, load_model
+from trainers.precision import autocast_dtype
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,8 @@ from peft.tuners.lora import Linear as LoraLinear
 
 from tests.trainers.helpers import model_settings
 from trainers import fused_lora
-from trainers.modeling import autocast_dtype, computing_in, load_model, load_sequence_classifier
+from trainers.modeling import computing_in, load_model, load_sequence_classifier
+from trainers.precision import autocast_dtype
 
 IDS = torch.tensor([[5, 9, 14, 3, 22, 7, 40], [11, 4, 8, 30, 2, 6, 0]])
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]])

@@ -3,7 +3,7 @@ rollouts, max_steps, a resumed position), the warmup it lays over them, what can
 back, the extra module it trains, and the mixed-precision plumbing.
 
 The loop's arithmetic is checked against an independent enumeration of a run's steps, not against
-the formula it uses. bf16 autocast is real on the CPU; fp16 is CUDA's only (``modeling.autocast_dtype``
+the formula it uses. bf16 autocast is real on the CPU; fp16 is CUDA's only (``precision.autocast_dtype``
 answers None for it on a CPU), so its test replaces that one decision to run the loop's fp16 branch on
 the CPU: a stand-in for the GPU this suite does not have; the branch itself is the real code.
 """

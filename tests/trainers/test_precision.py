@@ -21,7 +21,8 @@ from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
 from trainers.dpo import DPOConfig, train_dpo
 from trainers.errors import DataError
-from trainers.modeling import PRECISIONS, autocast_dtype, load_model
+from trainers.modeling import load_model
+from trainers.precision import PRECISIONS, autocast_dtype
 from trainers.sft import SFTConfig, train_sft
 
 
