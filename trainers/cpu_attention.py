@@ -1,11 +1,19 @@
-"""Training attention on a CPU in bf16: sdpa's flash forward, and a backward of batched products.
+"""Training attention on a CPU: sdpa's flash kernel with less kept for backward, and in bf16 a backward
+of batched products.
 
+Both functions here run sdpa's CPU flash kernel forward with grouped key/value heads as they are.
+transformers' sdpa path repeats keys and values for every query head whenever it passes sdpa a mask
+(padded rows, the pair methods' packed ones), and sdpa keeps the repeated copies for backward: for
+SmolLM2 (9 query heads, 3 key/value heads) 3 KiB a token and layer in float32, 0.4 GiB for a reward
+model's batch of ~4,800 tokens. sdpa also keeps a float copy of a boolean mask in every layer; here the
+layers share one (``_Mask``).
+
+``_FlashAttention`` (float32) runs the kernel's own backward. ``_BlockedAttention`` (bf16) replaces it.
 On a CPU, sdpa's flash kernel takes five times as long for backward as for forward (SmolLM2's bench
 batches on a Xeon with AMX: 21 ms against 4.5 ms a layer, 19% of an SFT LoRA step). Its backward walks
 the scores in small tiles; where the CPU multiplies bf16 matrices in hardware (AMX), batched products
-over a block of query rows at a time do the same work sooner. ``_BlockedAttention`` keeps sdpa's
-flash forward (the same kernel, so the same outputs) and its log-sum-exp, and in backward, for each
-block of ``BLOCK_ROWS`` query rows:
+over a block of query rows at a time do the same work sooner. For each block of ``BLOCK_ROWS`` query
+rows:
 
 - the scores ``q k^T`` against the keys up to the block's last allowed one (a causal block skips the
   keys after it), as ``bmm`` in bf16, then in float32 less the forward's log-sum-exp, masked, and
@@ -17,12 +25,13 @@ repeating keys and values. Masked scores are set to -80 before ``exp`` and their
 it: an ``exp`` of -inf, or of anything whose result underflows, took 6x as long as of an ordinary value
 on that CPU. The scores are rounded to bf16 by the product, as transformers' eager attention rounds
 them; the gradients stay within twice the flash kernel's distance from a float32 reference
-(tests/trainers/test_cpu_attention.py).
+(tests/trainers/test_cpu_attention.py). In float32 the same products were slower than the kernel's
+backward on an AVX2-only AMD EPYC (40 against 35 ms a layer at the bench's width), so float32 keeps it.
 
 Where it runs: ``attention_forward`` takes transformers' "sdpa" attention calls of a trainer process
-(``install``) when the call is a training one on a CPU in bf16 (grad enabled, no dropout, causal or
-under a mask as long as the keys, boolean or additive with 0 where a query attends); everything else
-goes to ``varlen_attention.attention_forward``.
+(``install``) when the call is a training one on a CPU in bf16 or float32 (grad enabled, no dropout,
+causal or under a mask as long as the keys, boolean or additive with 0 where a query attends);
+everything else goes to ``varlen_attention.attention_forward``.
 """
 
 from __future__ import annotations
@@ -42,9 +51,14 @@ BLOCK_ROWS = 128
 MASKED_SCORE = -80.0
 
 
-class _BlockedAttention(torch.autograd.Function):
+class _FlashAttention(torch.autograd.Function):
     """Attention of ``query`` [B, H, T, D] over ``key``/``value`` [B, Hkv, T, D] (H a multiple of Hkv),
-    causal or under ``mask`` ([B or 1, 1, T, T], True where a query may attend); [B, H, T, D]."""
+    causal or under ``mask`` ([B or 1, 1, T, T], True where a query may attend; ``additive`` the same as
+    a float mask added to the scores), through sdpa's CPU flash kernel forward and backward; [B, T, H, D],
+    as the layer's output projection takes it. Backward keeps that tensor, which the projection keeps
+    anyway (its input). The kernel writes its output in the query's layout: for the model's own queries
+    (a [B, T, H, D] tensor seen as [B, H, T, D]) it is the result itself; for queries cast to bf16 it is
+    [B, H, T, D], and transformers' path kept it beside the projection's [B, T, H, D] copy."""
 
     @staticmethod
     def forward(
@@ -56,30 +70,66 @@ class _BlockedAttention(torch.autograd.Function):
         scale: float,
         additive: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if mask is not None and additive is None:  # the kernel takes a mask added to the scores
-            additive = _additive(mask, query.dtype)
-        out: torch.Tensor
-        lse: torch.Tensor
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, mask is None, attn_mask=additive, scale=scale
-        )
-        ctx.save_for_backward(query, key, value, out, lse, mask)
+        result, lse, additive = _flash_forward(query, key, value, mask, scale, additive)
+        ctx.save_for_backward(query, key, value, result, lse, additive)  # what the kernel's backward reads
         ctx.scale = scale
-        return out
+        return result
 
     @staticmethod
     def backward(
         ctx: Any, grad: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
-        query, key, value, out, lse, mask = ctx.saved_tensors
+        query, key, value, result, lse, additive = ctx.saved_tensors
+        grad_query, grad_key, grad_value = (
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad.transpose(1, 2),  # the kernel reads both through their strides: no copy
+                query,
+                key,
+                value,
+                result.transpose(1, 2),
+                lse,
+                0.0,
+                additive is None,
+                attn_mask=additive,
+                scale=ctx.scale,
+            )
+        )
+        return grad_query, grad_key, grad_value, None, None, None
+
+
+class _BlockedAttention(_FlashAttention):
+    """``_FlashAttention``'s forward, and a backward of batched products over blocks of query rows (bf16:
+    the module's docstring)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+        additive: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        result, lse, _ = _flash_forward(query, key, value, mask, scale, additive)
+        ctx.save_for_backward(query, key, value, result, lse, mask)  # the blocks read the boolean mask
+        ctx.scale = scale
+        return result
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None, None]:
+        query, key, value, result, lse, mask = ctx.saved_tensors
         scale: float = ctx.scale
         batch, heads, width, dim = query.shape
         kv_heads = key.shape[1]
         groups = heads // kv_heads
         grouped = (batch, kv_heads, groups, width)
         scaled = (query * scale).view(*grouped, dim)
-        grad = grad.to(query.dtype).contiguous().view(*grouped, dim)
-        delta = (grad.float() * out.float().view(*grouped, dim)).sum(-1)  # rowsum(dO * O)
+        grad = grad.to(query.dtype)
+        delta = (grad.float() * result.float()).sum(-1).transpose(1, 2).reshape(grouped)  # rowsum(dO * O)
+        grad = grad.transpose(1, 2).contiguous().view(*grouped, dim)
         lse = lse.view(grouped)
         grad_query = torch.zeros_like(scaled)
         grad_key = torch.zeros(batch, kv_heads, width, dim)
@@ -120,6 +170,26 @@ class _BlockedAttention(torch.autograd.Function):
         )
 
 
+def _flash_forward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    additive: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """sdpa's CPU flash kernel: the output as [B, T, H, D], its log-sum-exp, and the additive mask it ran
+    under (built from ``mask`` where none is given)."""
+    if mask is not None and additive is None:  # the kernel takes a mask added to the scores
+        additive = _additive(mask, query.dtype)
+    out: torch.Tensor
+    lse: torch.Tensor
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, mask is None, attn_mask=additive, scale=scale
+    )
+    return out.transpose(1, 2).contiguous(), lse, additive
+
+
 def _block_keys(mask: torch.Tensor | None, start: int, end: int) -> tuple[int, torch.Tensor]:
     """For the query rows [start, end): how many keys from the first one the block needs (up to its last
     allowed key), and where its scores are masked, as a [B or 1, 1, 1, rows, keys] boolean."""
@@ -137,8 +207,8 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _Mask:
-    """A layer call's mask as the blocked path takes it: where queries attend, and the same as an additive
-    mask in the compute dtype for the flash forward. transformers hands every layer of a forward the same
+    """A layer call's mask as our functions take it: where queries attend, and the same as an additive
+    mask in the compute dtype for the flash kernel. transformers hands every layer of a forward the same
     mask tensor, so the last one's conversion is kept and reused while that tensor is unchanged."""
 
     def __init__(self, source: torch.Tensor, allowed: torch.Tensor, additive: torch.Tensor) -> None:
@@ -152,8 +222,8 @@ class _Mask:
 _last_mask: _Mask | None = None
 
 
-def _blocked_mask(mask: torch.Tensor, dtype: torch.dtype) -> _Mask | None:
-    """``mask`` as the blocked path takes it: a boolean one as it is; an additive one (the pair methods'
+def _call_mask(mask: torch.Tensor, dtype: torch.dtype) -> _Mask | None:
+    """``mask`` as our functions take it: a boolean one as it is; an additive one (the pair methods'
     packed rows) where it is 0, provided every other value masks (below -1e4) rather than biases; else
     None (a bias: sdpa's)."""
     global _last_mask
@@ -165,34 +235,46 @@ def _blocked_mask(mask: torch.Tensor, dtype: torch.dtype) -> _Mask | None:
         allowed = mask == 0
         if not bool((allowed | (mask < -1e4)).all()):
             return None
-    _last_mask = _Mask(mask, allowed, _additive(allowed, dtype))
+    # an additive mask of the compute dtype is the kernel's as it is (the pair methods hand every layer
+    # the same one, so that every layer keeps that one: trainers/packing.py)
+    additive = mask if mask.dtype == dtype else _additive(allowed, dtype)
+    _last_mask = _Mask(mask, allowed, additive)
     return _last_mask
 
 
-def _blocked_call(
+# the function a CPU training call takes, by the dtype its products compute in (others: sdpa's path)
+_FUNCTIONS: dict[torch.dtype, type[_FlashAttention]] = {
+    torch.bfloat16: _BlockedAttention,
+    torch.float32: _FlashAttention,
+}
+
+
+def _training_call(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     mask: torch.Tensor | None,
     dropout: float,
     kwargs: dict[str, Any],
-) -> tuple[bool, _Mask | None]:
-    """Whether this call takes the blocked path, and its mask as that path takes it (None: causal)."""
+) -> tuple[torch.dtype | None, _Mask | None]:
+    """The dtype this call runs in through our functions (None: sdpa's path), and its mask as they take
+    it (None: causal)."""
     if query.device.type != "cpu" or dropout != 0.0 or not torch.is_grad_enabled():
-        return False, None
-    if not (query.requires_grad or key.requires_grad) or product_dtype("cpu", query.dtype) != torch.bfloat16:
-        return False, None
+        return None, None
+    dtype = product_dtype("cpu", query.dtype)
+    if not (query.requires_grad or key.requires_grad) or dtype not in _FUNCTIONS:
+        return None, None
     width = query.shape[2]
     if width < 2 or key.shape[2] != width or query.shape[1] % key.shape[1] != 0:
-        return False, None
+        return None, None
     if any(kwargs.get(name) is not None for name in ("position_bias", "cache", "softcap", "is_causal")):
-        return False, None
+        return None, None
     if mask is None:
-        return bool(getattr(module, "is_causal", True)), None
+        return (dtype if getattr(module, "is_causal", True) else None), None
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] != width:
-        return False, None
-    converted = _blocked_mask(mask, torch.bfloat16)
-    return converted is not None, converted
+        return None, None
+    converted = _call_mask(mask, dtype)
+    return (dtype if converted is not None else None), converted
 
 
 def attention_forward(
@@ -205,24 +287,25 @@ def attention_forward(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature (returns [B, T, H, D]): a training call on a CPU in
-    bf16 through ``_BlockedAttention``, anything else through ``varlen_attention.attention_forward``."""
-    blocked, mask = _blocked_call(module, query, key, attention_mask, dropout, kwargs)
-    if not blocked:
+    """transformers' attention-function signature (returns [B, T, H, D]): a training call on a CPU through
+    ``_BlockedAttention`` in bf16 or ``_FlashAttention`` in float32, anything else through
+    ``varlen_attention.attention_forward``."""
+    dtype, mask = _training_call(module, query, key, attention_mask, dropout, kwargs)
+    if dtype is None:
         return varlen_attention.attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     with torch.autocast("cpu", enabled=False):
-        out: torch.Tensor = _BlockedAttention.apply(  # type: ignore[no-untyped-call]
-            query.to(torch.bfloat16),
-            key.to(torch.bfloat16),
-            value.to(torch.bfloat16),
+        out: torch.Tensor = _FUNCTIONS[dtype].apply(  # type: ignore[no-untyped-call]
+            query.to(dtype),
+            key.to(dtype),
+            value.to(dtype),
             None if mask is None else mask.allowed,
             scale,
             None if mask is None else mask.additive,
         )
-    return out.transpose(1, 2).contiguous(), None
+    return out, None
 
 
 def install() -> None:
