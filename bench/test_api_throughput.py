@@ -1,7 +1,7 @@
 """API throughput: uvicorn on PostgreSQL under `wrk`, at 8, 50, 200 and 1,000 connections.
 
-    make bench ARGS="-k api_throughput -s"        # needs `wrk` (Debian: apt-get install wrk)
-    BENCH_API_WORKERS=2 make bench ARGS="-k api_throughput -s"   # two uvicorn processes (default one)
+    make bench TRAINER_BENCH=--skip ARGS="-k api_throughput -s"   # needs `wrk` (Debian: apt-get install wrk)
+    BENCH_API_WORKERS=2 make bench TRAINER_BENCH=--skip ARGS="-k api_throughput -s"   # two processes
 
 Prints, for `GET /v1/fine_tuning/jobs/{id}` (the call a polling dashboard fleet makes): req/s, p50 and
 p99 latency, non-2xx answers and socket errors, and the median and slowest `/healthz` seen while each load ran

@@ -1,6 +1,6 @@
 """How long a metric row takes from the trainer's log call to a connected SSE client.
 
-    make bench ARGS="-k stream_latency -s"
+    make bench TRAINER_BENCH=--skip ARGS="-k stream_latency -s"
 
 Two paths, measured in one run on the same machine: the live path (the worker publishes each row on
 Redis the moment it is logged) against the baseline a deployment without Redis gets (the stream polls
