@@ -32,7 +32,7 @@ format: setup
 docs: setup
 	$(PY) -m trainers.method_docs README.md
 
-# mutation check, one module at a time (slow; not in .ci/run): make mutants MODULES="trainers/grpo.py"
+# mutation check, one module at a time (slow; not in .ci/run): make mutants MODULES="trainers/methods/grpo.py"
 mutants: setup
 	$(PY) -m tests.mutants $(MODULES)
 

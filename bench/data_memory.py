@@ -8,13 +8,13 @@ disk, not held in RAM (issue 9 item 3).
 
 ``--method grpo`` writes ``{"prompt": ..., "answer": ...}`` rows instead and runs one GRPO step (2
 prompts x 2 completions of 4 tokens, a ``string_check`` grader on the column); ``in RAM`` keeps its
-tokenized prompts as a list, as ``trainers.rollout.tokenize_rl_rows`` did before it wrote them to disk.
+tokenized prompts as a list, as ``trainers.families.rollout.tokenize_rl_rows`` did before it wrote them to disk.
 
 For each size it writes a JSONL file of ``{"text": ...}`` rows (seeded, lengths varied, ~1 KB a row)
 and runs the tiny model's SFT trainer on it for 2 steps of 8 rows in a fresh child process, twice:
 
-- ``on disk`` (what the worker does): rows read one at a time from the file (``trainers.jsonl_rows``),
-  tokenized examples spilled to memory-mapped files (``trainers.example_store``);
+- ``on disk`` (what the worker does): rows read one at a time from the file (``trainers.data.jsonl_rows``),
+  tokenized examples spilled to memory-mapped files (``trainers.data.example_store``);
 - ``in RAM`` (before): every row parsed into a list first, the tokenized examples kept as Python lists
   (the store materialised with ``list()``), as the worker and trainers did until this change.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainers.sft import SFTConfig
+    from trainers.methods.sft import SFTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("on_disk", "in_ram")
@@ -62,10 +62,10 @@ def write_rows(path: Path, size_mb: float, seed: int = 0, *, method: str = "sft"
 
 def child(mode: str, data: Path, model: Path, out: Path, method: str) -> None:
     """One run; prints a JSON line with the peak RSS in MiB and the seconds taken."""
-    import trainers.sft
-    from trainers.data import tokenize_sft_rows
-    from trainers.jsonl_rows import JsonlRows
-    from trainers.sft import train_sft
+    import trainers.methods.sft
+    from trainers.data.jsonl_rows import JsonlRows
+    from trainers.data.sft import tokenize_sft_rows
+    from trainers.methods.sft import train_sft
 
     start = time.perf_counter()
     rows = JsonlRows(data, param="training_file")
@@ -74,7 +74,7 @@ def child(mode: str, data: Path, model: Path, out: Path, method: str) -> None:
     elif mode == "in_ram":
         rows_in_ram = list(rows)
         # the tokenized examples as the Python lists the trainers kept before the store
-        trainers.sft.tokenize_sft_rows = lambda *a, **k: list(tokenize_sft_rows(*a, **k))  # type: ignore[attr-defined,assignment]
+        trainers.methods.sft.tokenize_sft_rows = lambda *a, **k: list(tokenize_sft_rows(*a, **k))  # type: ignore[attr-defined,assignment]
         train_sft(_config(model, out), rows_in_ram)
     else:
         train_sft(_config(model, out), rows)
@@ -83,16 +83,16 @@ def child(mode: str, data: Path, model: Path, out: Path, method: str) -> None:
 
 
 def _grpo(mode: str, rows: Sequence[dict[str, Any]], model: Path, out: Path) -> None:
-    import trainers.rl
-    from trainers.grpo import GRPOConfig, train_grpo
-    from trainers.rewards import build_grader
-    from trainers.rl import RewardSet
-    from trainers.rollout import tokenize_rl_rows
+    import trainers.families.rl
+    from trainers.families.rl import RewardSet
+    from trainers.families.rollout import tokenize_rl_rows
+    from trainers.methods.grpo import GRPOConfig, train_grpo
+    from trainers.rewards.graders import build_grader
 
     if mode == "in_ram":
         rows = list(rows)
         # the tokenized prompts as the list of RLPrompt the RL methods kept before the store
-        trainers.rl.tokenize_rl_rows = lambda *a, **k: list(tokenize_rl_rows(*a, **k))  # type: ignore[attr-defined]
+        trainers.families.rl.tokenize_rl_rows = lambda *a, **k: list(tokenize_rl_rows(*a, **k))  # type: ignore[attr-defined]
     grader = {"type": "string_check", "name": "a", "operation": "like", "input": "{{sample.output_text}}"}
     rewards = RewardSet.of([build_grader({**grader, "reference": "{{item.answer}}"})])
     config = GRPOConfig(
@@ -102,7 +102,7 @@ def _grpo(mode: str, rows: Sequence[dict[str, Any]], model: Path, out: Path) -> 
 
 
 def _config(model: Path, out: Path) -> SFTConfig:
-    from trainers.sft import SFTConfig
+    from trainers.methods.sft import SFTConfig
 
     return SFTConfig(str(model), str(out), max_steps=2, batch_size=8, max_length=256, seed=0)
 
@@ -120,7 +120,7 @@ def main() -> None:
         child(mode, Path(data), Path(model), Path(out), args.method)
         return
 
-    from trainers.tiny_model import build_tiny_model
+    from trainers.modeling.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="tunehouse-data-memory-") as tmp_name:
         tmp = Path(tmp_name)

@@ -5,7 +5,7 @@ or by the model on every target position at once (``logits_to_keep``), on SmolLM
     .venv/bin/python -m bench.lm_head_memory --full           # full fine-tuning
 
 Each mode runs in its own child process (peak RSS is the child's ``ru_maxrss``): the same seeded batch,
-3 forward + backward passes of ``trainers.sft.sft_loss``; it prints the loss (the two must agree), the
+3 forward + backward passes of ``trainers.methods.sft.sft_loss``; it prints the loss (the two must agree), the
 peak RSS and the median time of the passes after the first.
 """
 
@@ -28,12 +28,12 @@ MODES = ("whole_model", "chunked")
 def child(mode: str, full: bool) -> None:
     import torch
 
-    from trainers import modeling
-    from trainers.collate import pad_batch
-    from trainers.data import tokenize_sft_rows
-    from trainers.modeling import load_model, load_tokenizer
-    from trainers.sft import SFTConfig, sft_loss
-    from trainers.tiny_model import CORPUS_PATH
+    from trainers.data.collate import pad_batch
+    from trainers.data.sft import tokenize_sft_rows
+    from trainers.methods.sft import SFTConfig, sft_loss
+    from trainers.modeling.loading import load_model, load_tokenizer
+    from trainers.modeling import loading as modeling
+    from trainers.modeling.tiny_model import CORPUS_PATH
 
     if mode == "whole_model":
         modeling.PLAIN_HEAD_MODELS = frozenset()

@@ -56,9 +56,9 @@ DIRECT = """
 import json, sys, time
 from pathlib import Path
 from service.jobs.spec import load_method
-from trainers.jsonl_rows import JsonlRows
-from trainers.loop import NullCallbacks
-from trainers.tiny_model import build_tiny_model
+from trainers.data.jsonl_rows import JsonlRows
+from trainers.core.loop import NullCallbacks
+from trainers.modeling.tiny_model import build_tiny_model
 from worker.methods import RunInputs, run_method
 
 from trainers.registry import METHODS, resolve

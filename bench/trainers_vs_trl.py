@@ -30,7 +30,7 @@ optimizer step.
 
 ``dpo_sweep`` is a later job of a DPO sweep (another β or learning rate on the same file): one epoch
 over every pair, the reference's log-probs precomputed on both sides (``precompute_ref_log_probs``). Ours
-reads those an earlier job kept with the file (``trainers/reference_cache.py``; the parent runs that
+reads those an earlier job kept with the file (``trainers/families/reference_cache.py``; the parent runs that
 earlier job first, untimed), TRL scores the pairs again. Its rate is pairs over the whole call, from the
 trainer call to the last step: loading, tokenization and the reference's pass included.
 
@@ -51,7 +51,7 @@ k1 estimator, gamma 1, lambda 0.95, both clip ranges 0.2, vf_coef 0.1, advantage
 no EOS penalty, LoRA as above on the policy with the reference as the adapter-disabled policy on both
 sides, seed, fp32. Not equal: TRL's critic is a second copy of the reward model, a separate network
 trained in full next to the LoRA policy (its usual recipe); ours is a zero-initialised ``Linear(hidden,
-1)`` on the policy's last hidden state, trained with the adapter (``trainers/ppo.py``). TRL never clips
+1)`` on the policy's last hidden state, trained with the adapter (``trainers/methods/ppo.py``). TRL never clips
 gradients (ours: ``max_grad_norm`` 1e6, i.e. never either); TRL steps its LR scheduler per rollout, ours
 per optimizer step (constant, so the same). TRL scores the sampled ids, ours re-encodes prompt +
 completion text (EOS appended, as reward-model training encodes pairs); TRL keeps the rollout's log-probs
@@ -170,7 +170,7 @@ SIZES = {
 # -- models and data ------------------------------------------------------------------------------------
 def model_path(name: str) -> Path:
     if name == "tiny":
-        from trainers.tiny_model import build_tiny_model
+        from trainers.modeling.tiny_model import build_tiny_model
 
         path = CACHE / "tiny"
         return path if (path / "config.json").exists() else build_tiny_model(path, seed=0)
@@ -282,7 +282,7 @@ def _words(rng: random.Random, vocabulary: list[str], bounds: tuple[int, int]) -
 
 def make_rows(size: Size, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     """Deterministic rows of varied lengths (so padding matters), in each method's format."""
-    from trainers.tiny_model import CORPUS_PATH
+    from trainers.modeling.tiny_model import CORPUS_PATH
 
     vocabulary = CORPUS_PATH.read_text(encoding="utf-8").split()
     rng = random.Random(seed)
@@ -311,7 +311,7 @@ def sweep_cache(model: Path) -> Path:
 
 
 def first_epoch_order(n: int, seed: int) -> list[int]:
-    from trainers.loop import epoch_permutation
+    from trainers.core.loop import epoch_permutation
 
     return epoch_permutation(seed, 0, n)
 
@@ -356,8 +356,8 @@ def cpu_has_bf16_products() -> bool:
 
 
 def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
-    from trainers.callbacks import TrainingCallbacks
-    from trainers.loop import NullCallbacks
+    from trainers.core.callbacks import TrainingCallbacks
+    from trainers.core.loop import NullCallbacks
 
     rows = make_rows(size)
     clock = Clock()
@@ -389,17 +389,17 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
         "use_lora": method not in FULL_FINE_TUNING,
     }
     if method.startswith("sft"):
-        from trainers.sft import SFTConfig, train_sft
+        from trainers.methods.sft import SFTConfig, train_sft
 
         packing = method in PADDED_COUNTERPART
         config = SFTConfig(**common, max_length=size.max_length, packing=packing)
         train_sft(config, rows["sft"], callbacks=callbacks)
     elif method == "dpo":
-        from trainers.dpo import DPOConfig, train_dpo
+        from trainers.methods.dpo import DPOConfig, train_dpo
 
         train_dpo(DPOConfig(**common, max_length=size.max_length), rows["pairs"], callbacks=callbacks)
     elif method == SWEEP:
-        from trainers.dpo import DPOConfig, train_dpo
+        from trainers.methods.dpo import DPOConfig, train_dpo
 
         config_dpo = DPOConfig(
             **{**common, "max_steps": None},
@@ -410,21 +410,21 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
         )
         train_dpo(config_dpo, rows["pairs"], callbacks=callbacks)
     elif method == "reward_model":
-        from trainers.reward_model import RewardModelConfig, train_reward_model
+        from trainers.methods.reward_model import RewardModelConfig, train_reward_model
 
         config_rm = RewardModelConfig(**common, max_length=size.max_length)
         train_reward_model(config_rm, rows["pairs"], callbacks=callbacks)
     elif method == "grpo":
-        from trainers.grpo import GRPOConfig, train_grpo
-        from trainers.rl import RewardSet
+        from trainers.families.rl import RewardSet
+        from trainers.methods.grpo import GRPOConfig, train_grpo
 
         grpo = {**common, "batch_size": size.grpo_prompts, "gradient_accumulation_steps": 1}
         config_g = GRPOConfig(**grpo, num_generations=4, max_completion_length=size.grpo_new_tokens)
         train_grpo(config_g, rows["prompts"], callbacks=callbacks, rewards=RewardSet.of([reward_has_e]))
     elif method == "ppo":
-        from trainers.ppo import PPOConfig, train_ppo
-        from trainers.rewards import ScoreModel
-        from trainers.rl import RewardSet
+        from trainers.families.rl import RewardSet
+        from trainers.methods.ppo import PPOConfig, train_ppo
+        from trainers.rewards.graders import ScoreModel
 
         ppo = {
             **common,
@@ -604,7 +604,7 @@ def run_trl_ppo(model: Path, size: Size, out: Path, seed: int) -> Clock:
         TrainerCallback,
     )
 
-    from trainers.rollout import tokenize_rl_rows
+    from trainers.families.rollout import tokenize_rl_rows
 
     rows = make_rows(size)
     clock = Clock()  # before importing trl, as run_trl's other methods
@@ -766,8 +766,8 @@ def sft_flop_rate(model: Path, size: Size, tokens_per_second: float) -> float:
     from the lengths and targets of the rows as our tokenizer cuts them (the same rows on both sides)."""
     from transformers import AutoConfig
 
-    from trainers.data import tokenize_sft_rows
-    from trainers.modeling import load_tokenizer
+    from trainers.data.sft import tokenize_sft_rows
+    from trainers.modeling.loading import load_tokenizer
 
     store = tokenize_sft_rows(make_rows(size)["sft"], load_tokenizer(str(model)), max_length=size.max_length)
     shapes = [RowShape(len(example.input_ids), example.n_trainable) for example in store]

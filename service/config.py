@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     # ranks (for tests and CPU clusters)
     worker_gpus: int | None = Field(default=None, ge=1, le=64)
     # a multi-GPU job's ranks give up on a collective after this long (a hung or dead peer): the job
-    # then restarts from its latest checkpoint instead of hanging (trainers/distributed.py)
+    # then restarts from its latest checkpoint instead of hanging (trainers/core/distributed.py)
     collective_timeout_seconds: float = Field(default=300.0, gt=0)
     # resumable checkpoint at least every N minutes of training, for jobs that do not set
     # `save_minutes` (0: only `save_steps` and the end)

@@ -1,8 +1,8 @@
 """The method registry: what each post-training method is, declared once.
 
 **Adding a method = one trainer module + one entry here.** The trainer module (``trainers/foo.py``)
-holds a config dataclass (a ``trainers.config.TrainingConfig`` whose ``method`` names the entry) and a
-train function with the one entry-point signature (``trainers.entry.TrainEntry``):
+holds a config dataclass (a ``trainers.core.config.TrainingConfig`` whose ``method`` names the entry) and a
+train function with the one entry-point signature (``trainers.families.entry.TrainEntry``):
 
     train_foo(config, train_rows, valid_rows=None, callbacks=None, *, rewards=None) -> TrainResult
 
@@ -15,7 +15,7 @@ The entry here (a ``Method``) declares, for everyone else:
   config's range checks (``TrainingConfig.validate`` reads it); ``constraints`` are the checks that
   involve several fields;
 - ``learning_rates``: the peak rates (LoRA, full fine-tuning) that ``learning_rate_multiplier`` scales;
-- ``grader``: whether the method takes an RL grader (then the worker passes a ``trainers.rl.RewardSet``);
+- ``grader``: whether the method takes an RL grader (then the worker passes a ``trainers.families.rl.RewardSet``);
 - ``metrics``: the per-step metric names it emits beyond the loop's own (the stream, dashboard, docs);
 - ``trainer`` and ``config``: import paths ``"module:attribute"``, resolved by the worker
   (``resolve``), never imported here.
@@ -24,7 +24,7 @@ Where it lives, and why: the service must read this without importing torch, and
 rules say trainers import nothing of ours and the service nothing of the worker. The declarations are
 about the trainers (their configs check against them, and ``trainers`` stays usable on its own), so they
 live in ``trainers/``, in a module that imports only the standard library. The service may import this
-module and ``trainers.formula`` — and nothing else of ``trainers`` (``tests/trainers/test_registry.py``
+module and ``trainers.rewards.formula`` — and nothing else of ``trainers`` (``tests/trainers/test_registry.py``
 checks both stay torch-free). Then ``tests/trainers/test_registry.py`` fails if a method is declared here
 but not wired elsewhere: every entry point and config resolves, every config accepts every field, every
 format is one the upload validator detects, every metric is emitted by a one-step run.
@@ -358,13 +358,13 @@ PREFERENCE_FORMATS = ("preference",)
 RL_FORMATS = ("prompt_only",)
 
 LOOP_METRICS = ("loss", "learning_rate", "grad_norm", "tokens_per_second", "trained_tokens")
-"""What the shared loop (``trainers.loop``) reports every step for every method, besides ``step``,
+"""What the shared loop (``trainers.core.loop``) reports every step for every method, besides ``step``,
 ``epoch`` and ``total_steps``; an eval row has ``valid_loss`` and the method's ``eval_metrics`` (a
 grader method's eval row has no loss: its ``eval_metrics`` are the grader's scores, ``RL_EVAL_METRICS``)."""
 
 # the grader-derived metric of RL methods; "{grader}" is replaced by each grader's name
 REWARD_METRICS = ("rewards/{grader}/mean", "rewards/{grader}/unscored")
-# what an RL method's validation pass reports (trainers.rl.reward_evaluator): the mean weighted reward of
+# what an RL method's validation pass reports (trainers.families.rl.reward_evaluator): the mean weighted reward of
 # the validation prompts' completions, and each grader's mean; "{grader}" as above
 RL_EVAL_METRICS = ("valid_reward", "valid_reward/{grader}")
 COMPLETION_METRICS = (
@@ -394,8 +394,8 @@ SUPERVISED = Method(
     ),
     # full fine-tuning moves every weight: a tenth of the adapter's rate
     learning_rates=(2e-4, 2e-5),
-    trainer="trainers.sft:train_sft",
-    config="trainers.sft:SFTConfig",
+    trainer="trainers.methods.sft:train_sft",
+    config="trainers.methods.sft:SFTConfig",
     metrics=("mean_token_accuracy",),
     eval_metrics=("valid_mean_token_accuracy",),
 )
@@ -432,8 +432,8 @@ DPO = Method(
     ),
     # preference objectives diverge at SFT's rates
     learning_rates=(5e-5, 5e-6),
-    trainer="trainers.dpo:train_dpo",
-    config="trainers.dpo:DPOConfig",
+    trainer="trainers.methods.dpo:train_dpo",
+    config="trainers.methods.dpo:DPOConfig",
     metrics=(
         "rewards/chosen",
         "rewards/rejected",
@@ -458,8 +458,8 @@ REWARD_MODEL = Method(
     formats=PREFERENCE_FORMATS,
     hyperparameters=(*COMMON, _MAX_LENGTH, _MAX_PROMPT_CUT),
     learning_rates=(1e-4, 1e-5),
-    trainer="trainers.reward_model:train_reward_model",
-    config="trainers.reward_model:RewardModelConfig",
+    trainer="trainers.methods.reward_model:train_reward_model",
+    config="trainers.methods.reward_model:RewardModelConfig",
     metrics=("accuracy", "rewards/chosen", "rewards/rejected", "rewards/margins"),
     eval_metrics=(
         "valid_accuracy",
@@ -504,8 +504,8 @@ ORPO = Method(
     ),
     # ORPO is also SFT: DPO's rates
     learning_rates=(5e-5, 5e-6),
-    trainer="trainers.orpo:train_orpo",
-    config="trainers.orpo:ORPOConfig",
+    trainer="trainers.methods.orpo:train_orpo",
+    config="trainers.methods.orpo:ORPOConfig",
     metrics=_ORPO_METRICS,
     eval_metrics=_valid(_ORPO_METRICS),
 )
@@ -529,8 +529,8 @@ CPO = Method(
         _LABEL_SMOOTHING,
     ),
     learning_rates=(5e-5, 5e-6),
-    trainer="trainers.cpo:train_cpo",
-    config="trainers.cpo:CPOConfig",
+    trainer="trainers.methods.cpo:train_cpo",
+    config="trainers.methods.cpo:CPOConfig",
     metrics=_PAIR_METRICS,
     eval_metrics=_valid(_PAIR_METRICS),
 )
@@ -548,8 +548,8 @@ SIMPO = Method(
     ),
     # the SimPO authors train ~10x lower than DPO (3e-7 to 1e-6, full fine-tuning)
     learning_rates=(1e-5, 1e-6),
-    trainer="trainers.cpo:train_simpo",
-    config="trainers.cpo:SimPOConfig",
+    trainer="trainers.methods.cpo:train_simpo",
+    config="trainers.methods.cpo:SimPOConfig",
     metrics=_PAIR_METRICS,
     eval_metrics=_valid(_PAIR_METRICS),
 )
@@ -575,8 +575,8 @@ KTO = Method(
         _p("undesirable_weight", "float", 1.0, "λ_U, weight of the undesirable examples' loss", gt=0, le=100),
     ),
     learning_rates=(5e-5, 5e-6),
-    trainer="trainers.kto:train_kto",
-    config="trainers.kto:KTOConfig",
+    trainer="trainers.methods.kto:train_kto",
+    config="trainers.methods.kto:KTOConfig",
     # chosen/rejected: averaged over the desirable/undesirable examples; absent from a step without any
     metrics=_KTO_METRICS,
     eval_metrics=_valid(_KTO_METRICS),
@@ -597,7 +597,7 @@ GRPO = Method(
             "loss_type",
             "str",
             "grpo",
-            "token-loss normalisation (see trainers/rl_losses.py)",
+            "token-loss normalisation (see trainers/losses/rl.py)",
             choices=("grpo", "dr_grpo", "dapo"),
         ),
         _p(
@@ -612,8 +612,8 @@ GRPO = Method(
     ),
     # RL moves the policy on its own samples: small steps
     learning_rates=(1e-5, 1e-6),
-    trainer="trainers.grpo:train_grpo",
-    config="trainers.grpo:GRPOConfig",
+    trainer="trainers.methods.grpo:train_grpo",
+    config="trainers.methods.grpo:GRPOConfig",
     metrics=(
         "reward",
         "reward_std",
@@ -660,8 +660,8 @@ PPO = Method(
         ),
     ),
     learning_rates=(1e-5, 1e-6),
-    trainer="trainers.ppo:train_ppo",
-    config="trainers.ppo:PPOConfig",
+    trainer="trainers.methods.ppo:train_ppo",
+    config="trainers.methods.ppo:PPOConfig",
     metrics=(
         "score",
         "kl",
@@ -701,8 +701,8 @@ RLOO = Method(
         _MASK_TRUNCATED,
     ),
     learning_rates=(1e-5, 1e-6),  # as GRPO: the policy moves on its own samples
-    trainer="trainers.rloo:train_rloo",
-    config="trainers.rloo:RLOOConfig",
+    trainer="trainers.methods.rloo:train_rloo",
+    config="trainers.methods.rloo:RLOOConfig",
     metrics=(
         "reward",
         "reward_std",
@@ -731,8 +731,8 @@ ONLINE_DPO = Method(
         _MISSING_EOS_PENALTY,
     ),
     learning_rates=(5e-5, 5e-6),  # DPO's
-    trainer="trainers.online_dpo:train_online_dpo",
-    config="trainers.online_dpo:OnlineDPOConfig",
+    trainer="trainers.methods.online_dpo:train_online_dpo",
+    config="trainers.methods.online_dpo:OnlineDPOConfig",
     metrics=(
         "reward",
         "frac_pairs_judged",

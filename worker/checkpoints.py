@@ -1,7 +1,7 @@
 """A job's resumable states in the blob store: restore the newest one that verifies, prune old ones.
 
 Each checkpoint row points at two tars, the model and the training state. A resumed run unpacks the
-newest pair and checks it against the manifest the trainer wrote (trainers.checkpoint.verify_checkpoint);
+newest pair and checks it against the manifest the trainer wrote (trainers.core.checkpoint.verify_checkpoint);
 a pair that is missing, truncated or incomplete is skipped for the one before it, with an event, so a
 damaged checkpoint costs one interval of training, not the job.
 """
@@ -19,7 +19,7 @@ from service.db import session_scope
 from service.jobs.events import add_event
 from service.models import Checkpoint
 from service.storage import BlobStore, BlobStoreUnavailable
-from trainers.checkpoint import MODEL_DIR, STATE_DIR, verify_checkpoint
+from trainers.core.checkpoint import MODEL_DIR, STATE_DIR, verify_checkpoint
 
 log = logging.getLogger("tunehouse.worker")
 

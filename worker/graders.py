@@ -1,5 +1,5 @@
 """An RL job's grader as reward functions: model names become local paths, then
-trainers.rewards.build_grader does the rest (with the operator's Python-grader policy)."""
+trainers.rewards.graders.build_grader does the rest (with the operator's Python-grader policy)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from service.storage import BlobStore
 from worker.models import resolve_model_path
 
 if TYPE_CHECKING:
-    from trainers.rl import RewardSet
+    from trainers.families.rl import RewardSet
 
 
 def _resolve_models(spec: dict[str, Any], resolve: Any, param: str) -> dict[str, Any]:
@@ -29,8 +29,8 @@ def reward_set(
     """The job's grader as a one-function reward set named after the grader; None without a grader."""
     if method.grader is None:
         return None
-    from trainers.rewards import build_grader
-    from trainers.rl import RewardSet
+    from trainers.families.rl import RewardSet
+    from trainers.rewards.graders import build_grader
 
     param = f"method.{method.type}.grader"
 

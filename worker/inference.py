@@ -41,7 +41,7 @@ def model_cache() -> ModelCache:
 
 
 def load_weights(settings: Settings, blobs: BlobStore, weights: ModelWeights) -> LoadedModel:
-    from trainers.generation import load_causal_lm, load_with_adapter
+    from trainers.modeling.generation import load_causal_lm, load_with_adapter
 
     def base() -> str:
         return resolve_model_path(settings, blobs, tenant_id=weights.tenant_id, name=weights.base)
@@ -60,7 +60,7 @@ def load_weights(settings: Settings, blobs: BlobStore, weights: ModelWeights) ->
 
 
 def _prompt_ids(task: InferenceTask, tokenizer: Any) -> list[int]:
-    from trainers.generation import chat_prompt_ids
+    from trainers.modeling.generation import chat_prompt_ids
 
     if task.kind == "text":
         return [int(t) for t in tokenizer(task.prompt or "")["input_ids"]]
@@ -83,7 +83,7 @@ def _check_context(task: InferenceTask, model: Any, prompt_tokens: int) -> None:
 
 
 def generate(task: InferenceTask, loaded: LoadedModel, replies: ReplyWriter) -> None:
-    from trainers.generation import Generation
+    from trainers.modeling.generation import Generation
 
     prompt = _prompt_ids(task, loaded.tokenizer)
     _check_context(task, loaded.model, len(prompt))

@@ -43,11 +43,11 @@ from service.jobs.resources import job_resources
 from service.jobs.spec import MethodBase, load_method
 from service.models import File, Job
 from service.storage import BlobStore, BlobStoreUnavailable, get_blob_store
-from trainers import distributed
-from trainers.distributed import CollectiveError
-from trainers.errors import DataError
-from trainers.jsonl_rows import JsonlRows
-from trainers.loop import NullCallbacks, StopRequest
+from trainers.core import distributed
+from trainers.core.distributed import CollectiveError
+from trainers.core.errors import DataError
+from trainers.core.loop import NullCallbacks, StopRequest
+from trainers.data.jsonl_rows import JsonlRows
 from trainers.registry import METHODS, resolve
 from worker import lease, reference_log_probs
 from worker.checkpoints import restore_latest_checkpoint
@@ -187,7 +187,7 @@ def run(job_id: str, worker_id: str) -> None:
 
 def _make_workdir(prefix: str) -> Path:
     """The job's scratch folder in the data dir, also where the trainer's tokenized examples spill
-    (``trainers.example_store`` writes to ``tempfile``'s directory): the data disk, not a small /tmp."""
+    (``trainers.data.example_store`` writes to ``tempfile``'s directory): the data disk, not a small /tmp."""
     workdir = Path(tempfile.mkdtemp(dir=get_settings().data_dir, prefix=prefix))
     tempfile.tempdir = str(workdir)
     return workdir

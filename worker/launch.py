@@ -1,5 +1,5 @@
 """How a worker starts a job's trainer: one process for a one-GPU job, N ranks through
-`torch.distributed.run` for an N-GPU job (trainers/distributed.py explains what the ranks do).
+`torch.distributed.run` for an N-GPU job (trainers/core/distributed.py explains what the ranks do).
 
 `torch.distributed.run --standalone` sets up the rendezvous on a free local port and each rank's
 `RANK`, `LOCAL_RANK` and `WORLD_SIZE`; `--max-restarts 0` because restarts are the job's business

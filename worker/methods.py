@@ -1,7 +1,7 @@
 """From a job's method to a trainer run, through the method registry (trainers/registry.py): the entry
 names the config class and the train function by import path, every train function has the same
-signature (trainers/entry.py), and the spec's hyperparameter names are the config's field names, so
-one mapping serves every method. All of them run on the same loop (trainers/loop.py)."""
+signature (trainers/families/entry.py), and the spec's hyperparameter names are the config's field names, so
+one mapping serves every method. All of them run on the same loop (trainers/core/loop.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.jobs.spec import MethodBase, trainer_fields
-from trainers.entry import Rows
-from trainers.loop import TrainingCallbacks, TrainResult
+from trainers.core.loop import TrainingCallbacks, TrainResult
+from trainers.families.entry import Rows
 from trainers.registry import resolve
 
 if TYPE_CHECKING:
-    from trainers.rl import RewardSet
+    from trainers.families.rl import RewardSet
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class RunInputs:
     save_minutes: float = 10.0
     keep_checkpoints: int = 3
     # DPO with precomputed reference log-probs: the file that keeps them between jobs on the same training
-    # file (`trainers.reference_cache`), fetched from and stored back to the blob store by the job process
+    # file (`trainers.families.reference_cache`), fetched from and stored back to the blob store by the job process
     reference_cache_file: Path | None = None
 
 

@@ -39,7 +39,7 @@ def _build_once(target: Path, build: Callable[[Path], object]) -> Path:
 
 
 def ensure_tiny_model(target: Path) -> Path:
-    from trainers.tiny_model import build_tiny_model
+    from trainers.modeling.tiny_model import build_tiny_model
 
     return _build_once(target, build_tiny_model)
 

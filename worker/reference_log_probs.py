@@ -2,7 +2,7 @@
 job process fetches them before the run and stores them back when its trainer added an entry (before
 its first step, and after the run), so the next job on the file (a sweep, a resumed or requeued job,
 one whose worker died) skips the reference's pass over the pairs.
-The entries and their keys are ``trainers.reference_cache``'s; the blob goes when the file is deleted
+The entries and their keys are ``trainers.families.reference_cache``'s; the blob goes when the file is deleted
 (``service.files.service.delete_file``)."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from service.jobs.live import LIVE_BATCH_SECONDS, PUBLISH_RETRY_SECONDS, channel
 from service.models import Checkpoint, Job, JobMetric
 from service.storage import BlobStore, BlobStoreUnavailable
 from service.webhooks.events import CHECKPOINT_KIND
-from trainers.loop import CheckpointInfo, StopRequest
+from trainers.core.loop import CheckpointInfo, StopRequest
 from worker.checkpoints import prune_resumable_states
 from worker.outage import blob_outage_event, is_outage, retry_blob, retry_db
 from worker.trackers import Tracker
@@ -53,7 +53,7 @@ _CHECKPOINT_METRICS = {
     "valid_loss": "valid_loss",
     "valid_mean_token_accuracy": "valid_mean_token_accuracy",
 }
-# RL validation (trainers.rl.validation_metrics) keeps its names: valid_reward, valid_reward/{grader}
+# RL validation (trainers.families.rl.validation_metrics) keeps its names: valid_reward, valid_reward/{grader}
 _CHECKPOINT_PREFIXES = ("valid_reward",)
 
 

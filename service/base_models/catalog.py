@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from service.config import Settings
 
-# Built on first use by the worker (trainers.tiny_model), so the repo carries no weights.
+# Built on first use by the worker (trainers.modeling.tiny_model), so the repo carries no weights.
 TINY_MODEL_NAME = "tunehouse/tiny-llama"
 BUILTIN_CREATED_AT = 1_767_225_600  # 2026-01-01, a fixed date so listings are stable
 

@@ -1,10 +1,10 @@
 """Rules for graders: check one (for the graders API and for an RL job's spec) and run one on a sample.
 
-Checking goes beyond the pydantic shapes (service/jobs/graders.py): `trainers.rewards.validate_grader`,
+Checking goes beyond the pydantic shapes (service/jobs/graders.py): `trainers.rewards.graders.validate_grader`,
 the check the worker runs before grading, catches what only it knows (template variables, sub-grader
 names, Python source that does not compile), so a grader that passes here cannot fail the job for its
-form later. Running reuses `trainers.rewards.build_grader`, the reward functions RL jobs train with.
-`trainers.rewards` imports no torch (a `score_model` grader would, which is why /run refuses those).
+form later. Running reuses `trainers.rewards.graders.build_grader`, the reward functions RL jobs train with.
+`trainers.rewards.graders` imports no torch (a `score_model` grader would, which is why /run refuses those).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def check_grader(
     session: Session, *, tenant: Tenant, grader: BaseModel, settings: Settings, param: str
 ) -> None:
     """400 naming the field at fault (`param` + its path) if `grader` cannot run for this tenant."""
-    from trainers.rewards import GraderError, validate_grader
+    from trainers.rewards.graders import GraderError, validate_grader
 
     if python_graders(grader) and not settings.allow_python_grader:
         raise BadRequest(
@@ -55,8 +55,8 @@ def run_grader(
     grader: BaseModel, *, model_sample: str, item: dict[str, Any], settings: Settings
 ) -> GraderRunResponse:
     """Score `model_sample` against `item`: the reward, and each sub-grader's score for a `multi`."""
-    from trainers.formula import eval_formula
-    from trainers.rewards import GraderError, PythonGrader, build_grader, parse_formula
+    from trainers.rewards.formula import eval_formula
+    from trainers.rewards.graders import GraderError, PythonGrader, build_grader, parse_formula
 
     if score_models(grader):
         raise NotImplementedYet(

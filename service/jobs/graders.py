@@ -1,6 +1,6 @@
 """Graders for RL jobs, in OpenAI's shape, validated at the API boundary (the worker turns them into
-reward functions with trainers.rewards.build_grader, which checks them again). The `multi` formula is
-checked by `trainers.formula`, the stdlib-only checker the worker uses too (DESIGN.md lets the service
+reward functions with trainers.rewards.graders.build_grader, which checks them again). The `multi` formula is
+checked by `trainers.rewards.formula`, the stdlib-only checker the worker uses too (DESIGN.md lets the service
 import it and `trainers.registry`, nothing else of trainers)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from trainers.formula import FormulaError, parse_formula
+from trainers.rewards.formula import FormulaError, parse_formula
 
 TEMPLATE_HELP = "use {{sample.output_text}} for the completion and {{item.<field>}} for a column of the row"
 

@@ -1,6 +1,6 @@
 """What a job runs on: `resources: {"gpus": N, "strategy": "ddp" | "fsdp"}`, an extension field.
 
-A job of N GPUs trains on N ranks of one worker host (trainers/distributed.py; launched by
+A job of N GPUs trains on N ranks of one worker host (trainers/core/distributed.py; launched by
 worker/launch.py). Its run messages go to the queue of N-GPU jobs (`queue_for`), which only workers
 with at least N GPUs consume (`queues_served`), so a job never lands on a host too small for it. The
 global batch is `batch_size x gradient_accumulation_steps x gpus`: each rank trains its share of the
@@ -23,7 +23,7 @@ class Resources(BaseModel):
 
     gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
     # ddp: each rank holds the whole model, gradients are summed; fsdp: weights, gradients and optimizer
-    # state sharded over the ranks (trainers/sharding.py)
+    # state sharded over the ranks (trainers/core/sharding.py)
     strategy: Strategy = "ddp"
 
 

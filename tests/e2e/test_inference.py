@@ -58,7 +58,7 @@ def oai(stack: Stack, trained: dict[str, Any]) -> Iterator[openai.OpenAI]:
 
 def _reference(folder: Path, messages: list[dict[str, str]], max_tokens: int) -> str:
     """Greedy decoding of the weights in `folder` (an adapter goes on the worker's built base model)."""
-    from trainers.generation import Generation, chat_prompt_ids, load_causal_lm, load_with_adapter
+    from trainers.modeling.generation import Generation, chat_prompt_ids, load_causal_lm, load_with_adapter
 
     if (folder / "adapter_config.json").exists():
         model, tokenizer = load_with_adapter(DATA_DIR / "models" / "tiny-llama", folder)

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from trainers.sft import SFTConfig
-from trainers.tiny_model import DEMO_SFT_PATH, build_tiny_model
+from trainers.methods.sft import SFTConfig
+from trainers.modeling.tiny_model import DEMO_SFT_PATH, build_tiny_model
 
 hf_logging.disable_progress_bar()  # "Loading weights" bars on every from_pretrained drown the test output
 

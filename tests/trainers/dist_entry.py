@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.trainers.helpers import Recorder
-from trainers import distributed as dist
-from trainers.checkpoint import checkpoint_dir
+from trainers.core import distributed as dist
+from trainers.core.checkpoint import checkpoint_dir
+from trainers.families.rl import RewardSet
 from trainers.registry import METHODS, resolve
-from trainers.rewards import build_grader
-from trainers.rl import RewardSet
+from trainers.rewards.graders import build_grader
 
 
 def _rows(path: str | None) -> list[dict[str, Any]] | None:

@@ -14,9 +14,9 @@ import sys
 
 import torch
 
-from trainers import distributed as dist
-from trainers.advantages import group_advantages, masked_whiten
-from trainers.rollout import rollout_seed
+from trainers.core import distributed as dist
+from trainers.families.rollout import rollout_seed
+from trainers.losses.advantages import group_advantages, masked_whiten
 
 ROWS = (4, 6)  # completions per rank (2 per prompt): unequal, as at an epoch's end
 WIDTHS = (5, 3)  # completion width per rank: each rank pads its own rollout

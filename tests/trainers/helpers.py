@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from trainers import modeling
-from trainers.loop import CheckpointInfo, NullCallbacks, StopRequest
+from trainers.core.loop import CheckpointInfo, NullCallbacks, StopRequest
+from trainers.modeling import loading as modeling
 from trainers.registry import METHODS, resolve
 
 

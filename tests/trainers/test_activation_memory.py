@@ -1,4 +1,4 @@
-"""Decoder layers that keep less for backward (trainers/activation_memory.py): same values and gradients
+"""Decoder layers that keep less for backward (trainers/kernels/activation_memory.py): same values and gradients
 as transformers' own forwards, the MLP's product and the norms' outputs recomputed rather than kept."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from peft.tuners.lora import Linear as LoraLinear
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from tests.trainers.helpers import model_settings
-from trainers import activation_memory
-from trainers.activation_memory import recompute, recompute_scope, save_less_activation, silu_mul
-from trainers.modeling import computing_in, load_model
-from trainers.precision import autocast_dtype
+from trainers.core.precision import autocast_dtype
+from trainers.kernels import activation_memory
+from trainers.kernels.activation_memory import recompute, recompute_scope, save_less_activation, silu_mul
+from trainers.modeling.loading import computing_in, load_model
 
 
 def test_silu_mul_equals_silu_times_up_in_value_and_gradient() -> None:
@@ -142,7 +142,7 @@ def test_a_layer_registers_only_what_backward_asks_for(
 
 
 def _patched(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules whose forward a trainer replaced, but for LoRA layers' (trainers/fused_lora.py)."""
+    """The modules whose forward a trainer replaced, but for LoRA layers' (trainers/kernels/fused_lora.py)."""
     return [
         module
         for module in model.modules()

@@ -1,4 +1,4 @@
-"""Advantages of the online RL methods (trainers/advantages.py): GRPO's and RLOO's equal TRL's own code,
+"""Advantages of the online RL methods (trainers/losses/advantages.py): GRPO's and RLOO's equal TRL's own code,
 PPO's per-token rewards, GAE and whitening equal the papers' equations written out, and online DPO's judge
 orders each pair by its scores. Pure tensor tests, fast enough for the mutation check."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from trl.trainer.utils import nanstd as trl_nanstd
 
-import trainers.advantages
-from trainers.advantages import (
+import trainers.losses.advantages
+from trainers.losses.advantages import (
     gae,
     group_advantages,
     group_reward_metrics,
@@ -159,7 +159,7 @@ def test_rloo_advantages_equal_trl(normalize: bool, beta: float) -> None:
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(trainers.advantages)
+    result = doctest.testmod(trainers.losses.advantages)
     assert result.attempted >= 6 and result.failed == 0
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from trainers import varlen_attention
-from trainers.modeling import use_attention_kernels, use_plan_free_attention
+from trainers.kernels import varlen_attention
+from trainers.modeling.loading import use_attention_kernels, use_plan_free_attention
 
 
 @pytest.fixture(autouse=True)

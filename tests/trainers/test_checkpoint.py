@@ -1,4 +1,4 @@
-"""Checkpoints (trainers/checkpoint.py) written and read directly: what a resumable checkpoint holds and
+"""Checkpoints (trainers/core/checkpoint.py) written and read directly: what a resumable checkpoint holds and
 gives back, how a step's folder is replaced, which folders count, and what is refused.
 
 The loop-level guarantees (a resumed run repeats the uninterrupted one) are tests/trainers/test_resume.py.
@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from trainers.checkpoint import (
+from trainers.core.checkpoint import (
     CheckpointError,
     LoopState,
     checkpoint_dir,
@@ -27,7 +27,7 @@ from trainers.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from trainers.schedule import build_scheduler
+from trainers.core.schedule import build_scheduler
 
 
 class Secret:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.trainers.helpers import Recorder
-from trainers import loop
-from trainers.checkpoint import (
+from trainers.core import loop
+from trainers.core.checkpoint import (
     MANIFEST,
     STATE_DIR,
     CheckpointError,
@@ -19,7 +19,7 @@ from trainers.checkpoint import (
     load_loop_state,
     verify_checkpoint,
 )
-from trainers.sft import SFTConfig, train_sft
+from trainers.methods.sft import SFTConfig, train_sft
 
 
 class SlowSteps(Recorder):

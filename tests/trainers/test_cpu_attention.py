@@ -1,4 +1,4 @@
-"""Training attention on a CPU (trainers/cpu_attention.py): sdpa's outputs; in bf16, gradients as close
+"""Training attention on a CPU (trainers/kernels/cpu_attention.py): sdpa's outputs; in bf16, gradients as close
 to a float32 reference as sdpa's own bf16 gradients, and in float32 sdpa's gradients, causal and under
 packed masks, with grouped key/value heads, over several backward blocks; less kept for backward than
 transformers' sdpa path keeps; the calls it does not take go to sdpa."""
@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.trainers.helpers import model_settings
-from trainers import cpu_attention, modeling, varlen_attention
-from trainers.modeling import computing_in, load_model
-from trainers.precision import autocast_dtype
+from trainers.core.precision import autocast_dtype
+from trainers.kernels import cpu_attention, varlen_attention
+from trainers.modeling.loading import computing_in, load_model
+from trainers.modeling import loading as modeling
 
 
 @pytest.fixture(autouse=True)
@@ -136,7 +137,7 @@ def test_a_layer_keeps_its_keys_and_values_unrepeated_under_a_mask(
     sdpa keeps the copies for backward and a float copy of the boolean mask in every layer. Ours keeps
     the keys and values as they are (2*B*T*(H - Hkv)*D floats less per layer), and one float copy of
     the mask for all layers; nothing else differs. (The decoder layers' own saved-tensor
-    hooks, trainers/activation_memory.py, are left out: this test's hooks see only what no inner hook
+    hooks, trainers/kernels/activation_memory.py, are left out: this test's hooks see only what no inner hook
     takes.)"""
     monkeypatch.setattr(modeling, "save_less_activation", lambda model: 0)
     model = load_model(model_settings(tiny_model_path, mixed_precision="no"), torch.device("cpu"))

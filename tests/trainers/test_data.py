@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from trainers.data import TokenizedExample, tokenize_sft_rows
-from trainers.errors import DataError
+from trainers.core.errors import DataError
+from trainers.data.sft import TokenizedExample, tokenize_sft_rows
 
 
 def trained_text(tokenizer: PreTrainedTokenizerBase, example: TokenizedExample) -> str:

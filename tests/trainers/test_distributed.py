@@ -30,14 +30,14 @@ from safetensors.torch import load_file
 
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
-from trainers.checkpoint import latest_checkpoint, resumable_checkpoints
+from trainers.core.checkpoint import latest_checkpoint, resumable_checkpoints
+from trainers.families.rl import RewardSet
 from trainers.registry import METHODS, resolve
-from trainers.rewards import build_grader
-from trainers.rl import RewardSet
+from trainers.rewards.graders import build_grader
 
 REL = 1e-5
 # FSDP runs the whole model to its logits where the 1-process run applies the LM head chunk by chunk
-# (trainers/sharding.py): the log-softmax is rounded differently, ~1e-5 relative after a few steps
+# (trainers/core/sharding.py): the log-softmax is rounded differently, ~1e-5 relative after a few steps
 REL_SHARDED = 1e-4
 TOLERANCE = {"ddp": REL, "fsdp": REL_SHARDED}
 KEYS = ("loss", "grad_norm", "learning_rate", "trained_tokens", "epoch")
@@ -270,8 +270,8 @@ def test_step_statistics_are_taken_over_every_rank(tmp_path: Path) -> None:
     """Ranks holding unequal shares of a batch get one process's batch-wide reward scale, advantage
     whitening and sums (a rank's own share's would differ: the shares have different statistics)."""
     from tests.trainers.dist_stats_entry import ROWS, share
-    from trainers.advantages import group_advantages, masked_whiten
-    from trainers.rollout import rollout_seed
+    from trainers.families.rollout import rollout_seed
+    from trainers.losses.advantages import group_advantages, masked_whiten
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     cmd += ["--max-restarts=0", "-m", "tests.trainers.dist_stats_entry", str(tmp_path / "stats")]

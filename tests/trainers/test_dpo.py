@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedToken
 from trl.trainer.dpo_trainer import DPOTrainer
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
-from trainers.dpo import DPOConfig, DPOLoss, build_dpo_task, dpo_loss, policy_log_probs, train_dpo
-from trainers.errors import DataError
-from trainers.loop import run_training
-from trainers.modeling import load_model
-from trainers.preference_data import collate_preferences, tokenize_preference_rows
+from trainers.core.errors import DataError
+from trainers.core.loop import run_training
+from trainers.data.preference import collate_preferences, tokenize_preference_rows
+from trainers.methods.dpo import DPOConfig, DPOLoss, build_dpo_task, dpo_loss, policy_log_probs, train_dpo
+from trainers.modeling.loading import load_model
 
 CITIES = ["Paris", "Lima", "Tokyo", "Dublin", "Rome", "Oslo", "Madrid", "Cairo"]
 

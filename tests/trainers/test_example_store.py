@@ -1,4 +1,4 @@
-"""trainers.example_store: tokenized examples spilled to memory-mapped files and read back by index."""
+"""trainers.data.example_store: tokenized examples spilled to memory-mapped files and read back by index."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from trainers.data import TokenizedExample, tokenize_sft_rows
-from trainers.example_store import ExampleStore, ExampleWriter
-from trainers.preference_data import PreferenceExample
-from trainers.rollout import RLPrompt
-from trainers.unpaired_data import UnpairedExample
+from trainers.data.example_store import ExampleStore, ExampleWriter
+from trainers.data.preference import PreferenceExample
+from trainers.data.sft import TokenizedExample, tokenize_sft_rows
+from trainers.data.unpaired import UnpairedExample
+from trainers.families.rollout import RLPrompt
 
 
 def _store(examples: list) -> ExampleStore:  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""A trainer's LoRA layers run fused (trainers/fused_lora.py): the same loss and gradients as peft's
+"""A trainer's LoRA layers run fused (trainers/kernels/fused_lora.py): the same loss and gradients as peft's
 forward, in fp32 to the order of the sums and under bf16 autocast to bf16's rounding, and peft's own
 forward wherever the layer is not plain LoRA at that call."""
 
@@ -14,9 +14,9 @@ from peft import PeftModel
 from peft.tuners.lora import Linear as LoraLinear
 
 from tests.trainers.helpers import model_settings
-from trainers import fused_lora
-from trainers.modeling import computing_in, load_model, load_sequence_classifier
-from trainers.precision import autocast_dtype
+from trainers.core.precision import autocast_dtype
+from trainers.kernels import fused_lora
+from trainers.modeling.loading import computing_in, load_model, load_sequence_classifier
 
 IDS = torch.tensor([[5, 9, 14, 3, 22, 7, 40], [11, 4, 8, 30, 2, 6, 0]])
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]])

@@ -1,4 +1,4 @@
-"""The token-by-token sampler behind /v1/chat/completions (trainers/generation.py), on the tiny model."""
+"""The token-by-token sampler behind /v1/chat/completions (trainers/modeling/generation.py), on the tiny model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainers.generation import (
+from trainers.modeling.generation import (
     Generation,
     SamplingProcessor,
     chat_prompt_ids,
@@ -50,7 +50,7 @@ def test_greedy_matches_transformers_generate(loaded: tuple[Any, Any]) -> None:
 
 def test_the_prompt_step_computes_the_last_positions_logits_only(loaded: tuple[Any, Any]) -> None:
     """The head runs on one position a row, given contiguous (a strided view costs a copy of the head
-    per row on the CPU: trainers/generation.py)."""
+    per row on the CPU: trainers/modeling/generation.py)."""
     model = loaded[0]
     seen: list[tuple[tuple[int, ...], bool]] = []
     hook = model.lm_head.register_forward_hook(

@@ -13,21 +13,21 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-import trainers.grpo
+import trainers.methods.grpo
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_advantages import trl_group_advantages
 from tests.trainers.test_rl_losses import trl_grpo_loss
-from trainers.grpo import GRPOBatch, GRPOConfig, GRPORollouts, train_grpo
-from trainers.loop import PreparedStep, StopRequest
-from trainers.rewards import build_grader
-from trainers.rl import RewardSet
-from trainers.rollout import (
+from trainers.core.loop import PreparedStep, StopRequest
+from trainers.families.rl import RewardSet
+from trainers.families.rollout import (
     RLPrompt,
     completion_logps,
     completion_mask_from_eos,
     generate_rollout,
     tokenize_rl_rows,
 )
+from trainers.methods.grpo import GRPOBatch, GRPOConfig, GRPORollouts, train_grpo
+from trainers.rewards.graders import build_grader
 
 PROMPTS = ["The capital of Peru is", "Hello", "What is two plus two?", "Name a color:"]
 ROWS = [{"prompt": p, "answer": "e"} for p in PROMPTS] * 4
@@ -128,7 +128,7 @@ def test_training_steps_equal_trl_on_the_loops_batches(
         return given
 
     monkeypatch.setattr(StepSpy, "steps", [])
-    monkeypatch.setattr(trainers.grpo, "GRPORollouts", StepSpy)
+    monkeypatch.setattr(trainers.methods.grpo, "GRPORollouts", StepSpy)
     steps = extra.get("num_iterations", 1)
     config = grpo_config(
         model_path=str(eos_model_path),
@@ -243,7 +243,7 @@ def test_rollouts_give_the_head_contiguous_inputs(
     tiny_model_path: Path, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     """``generate``'s first step applies the head to a strided view (each row's last position), which
-    the CPU runs as a batched product against a copy of the head per row (trainers/rollout.py)."""
+    the CPU runs as a batched product against a copy of the head per row (trainers/families/rollout.py)."""
     model: Any = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     seen: list[tuple[tuple[int, ...], bool]] = []
     model.lm_head.register_forward_hook(

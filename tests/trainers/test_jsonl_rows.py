@@ -1,4 +1,4 @@
-"""trainers.jsonl_rows: a JSONL file's rows, parsed one at a time when read."""
+"""trainers.data.jsonl_rows: a JSONL file's rows, parsed one at a time when read."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainers.errors import DataError
-from trainers.jsonl_rows import JsonlRows
+from trainers.core.errors import DataError
+from trainers.data.jsonl_rows import JsonlRows
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -20,14 +20,14 @@ from trl.trainer.utils import add_fused_lm_head
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
 from tests.trainers.test_dpo import separable_rows
-from trainers.dpo import Reference
-from trainers.errors import DataError
-from trainers.kto import KTOConfig, KTOLoss, build_kto_task, train_kto
-from trainers.loop import run_training
-from trainers.modeling import load_model
-from trainers.preference_data import tokenize_preference_rows
-from trainers.preference_losses import kto_loss
-from trainers.unpaired_data import UnpairedExample, collate_unpaired, tokenize_unpaired_rows
+from trainers.core.errors import DataError
+from trainers.core.loop import run_training
+from trainers.data.preference import tokenize_preference_rows
+from trainers.data.unpaired import UnpairedExample, collate_unpaired, tokenize_unpaired_rows
+from trainers.losses.preference import kto_loss
+from trainers.methods.dpo import Reference
+from trainers.methods.kto import KTOConfig, KTOLoss, build_kto_task, train_kto
+from trainers.modeling.loading import load_model
 
 CITIES = ["Paris", "Lima", "Tokyo", "Dublin", "Rome", "Oslo", "Madrid", "Cairo"]
 

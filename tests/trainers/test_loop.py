@@ -1,4 +1,4 @@
-"""trainers.loop's bookkeeping, on the tiny model: how many steps a run has (epochs, accumulation, reused
+"""trainers.core.loop's bookkeeping, on the tiny model: how many steps a run has (epochs, accumulation, reused
 rollouts, max_steps, a resumed position), the warmup it lays over them, what cancel and pause hand
 back, the extra module it trains, and the mixed-precision plumbing.
 
@@ -22,16 +22,16 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-import trainers.loop as loop
+import trainers.core.loop as loop
 from tests.trainers.helpers import Recorder
-from trainers import distributed
-from trainers.checkpoint import LoopState, checkpoint_dir
-from trainers.collate import SFTBatch, pad_batch
-from trainers.data import TokenizedExample, tokenize_sft_rows
-from trainers.loop import LossSums, PreparedStep, StopRequest, TrainingTask, run_training
-from trainers.modeling import load_model
-from trainers.schedule import lr_multiplier
-from trainers.sft import SFTConfig, sft_loss
+from trainers.core import distributed
+from trainers.core.checkpoint import LoopState, checkpoint_dir
+from trainers.core.loop import LossSums, PreparedStep, StopRequest, TrainingTask, run_training
+from trainers.core.schedule import lr_multiplier
+from trainers.data.collate import SFTBatch, pad_batch
+from trainers.data.sft import TokenizedExample, tokenize_sft_rows
+from trainers.methods.sft import SFTConfig, sft_loss
+from trainers.modeling.loading import load_model
 
 CPU = torch.device("cpu")
 

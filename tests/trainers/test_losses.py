@@ -13,16 +13,16 @@ import torch.nn.functional as F
 import trl
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from trainers.collate import SFTBatch, pad_batch
-from trainers.data import tokenize_sft_rows
-from trainers.losses import (
+from trainers.data.collate import SFTBatch, pad_batch
+from trainers.data.sft import tokenize_sft_rows
+from trainers.losses.causal_lm import (
     IGNORE_INDEX,
     linear_cross_entropy,
     linear_token_nll,
     target_positions,
     token_cross_entropy,
 )
-from trainers.sft import sft_loss
+from trainers.methods.sft import sft_loss
 
 
 def load(path: Path) -> torch.nn.Module:

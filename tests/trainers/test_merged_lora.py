@@ -1,4 +1,4 @@
-"""Rollouts sample through LoRA weights merged into the base (trainers/merged_lora.py): the same model
+"""Rollouts sample through LoRA weights merged into the base (trainers/kernels/merged_lora.py): the same model
 as the adapter's products compute, none of those products while sampling, and the frozen base the
 same bits afterwards."""
 
@@ -13,10 +13,10 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import model_settings
-from trainers import fused_lora
-from trainers.merged_lora import merged_lora
-from trainers.modeling import load_model
-from trainers.rollout import generate_rollout, tokenize_rl_rows
+from trainers.families.rollout import generate_rollout, tokenize_rl_rows
+from trainers.kernels import fused_lora
+from trainers.kernels.merged_lora import merged_lora
+from trainers.modeling.loading import load_model
 
 IDS = torch.tensor([[5, 9, 14, 3, 22, 7], [11, 4, 8, 30, 2, 6]])
 
@@ -38,7 +38,7 @@ def _lora_model(path: Path, precision: str = "no") -> PeftModel:
 
 def _adapter_calls(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Counts the adapters' products: each ``A`` product through peft appends the module's name, each
-    layer's fused product (trainers/fused_lora.py, how a trainer's model runs them) appends "fused"."""
+    layer's fused product (trainers/kernels/fused_lora.py, how a trainer's model runs them) appends "fused"."""
     calls: list[str] = []
     for name, module in model.named_modules():
         if name.endswith("lora_A.default"):

@@ -1,4 +1,4 @@
-"""The online methods' completion log-probs on real tokens only (``trainers.rollout.completion_layout``):
+"""The online methods' completion log-probs on real tokens only (``trainers.families.rollout.completion_layout``):
 each row packed, or the prompt shared by consecutive rows run once, with the same log-probs, entropies
 and gradients as the padded forward; GRPO trains on them as it does padded."""
 
@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM
 
 from tests.trainers.helpers import Recorder, assert_packed_trains_as_padded
 from tests.trainers.test_grpo import HAS_E_SET, ROWS
-from trainers import modeling, rollout
-from trainers.grpo import GRPOConfig, train_grpo
-from trainers.rollout import completion_layout, completion_logps, forward_completion, token_logps
+from trainers.families import rollout
+from trainers.families.rollout import completion_layout, completion_logps, forward_completion, token_logps
+from trainers.methods.grpo import GRPOConfig, train_grpo
+from trainers.modeling import loading as modeling
 
 # two groups of three rows that share a prompt (left-padded), then a row of its own; completions
 # right-padded, one of them empty (a truncated completion that the loss masks)

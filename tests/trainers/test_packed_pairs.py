@@ -1,4 +1,4 @@
-"""Packed pair batches (``trainers.packing``): the 2B rows of a preference batch run through the decoder
+"""Packed pair batches (``trainers.data.packing``): the 2B rows of a preference batch run through the decoder
 packed into fewer rows, as sequences or with each pair's prompt once, and every completion log-prob,
 reward score and gradient equals the right-padded forward's; the DPO and reward-model runs pack their
 batches and train as they do padded."""
@@ -14,12 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder, assert_packed_trains_as_padded
-from trainers import modeling
-from trainers.dpo import DPOConfig, train_dpo
-from trainers.modeling import pair_packing, runs_packed, target_log_probs
-from trainers.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
-from trainers.preference_data import PreferenceBatch, collate_preferences, tokenize_preference_rows
-from trainers.reward_model import RewardModelConfig, reward_scores, train_reward_model
+from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
+from trainers.data.preference import PreferenceBatch, collate_preferences, tokenize_preference_rows
+from trainers.methods.dpo import DPOConfig, train_dpo
+from trainers.methods.reward_model import RewardModelConfig, reward_scores, train_reward_model
+from trainers.modeling import loading as modeling
+from trainers.modeling.loading import pair_packing, runs_packed, target_log_probs
 
 # pairs of very different lengths, so that packing puts several sequences in one row
 UNEVEN_ROWS = [

@@ -11,12 +11,14 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder
-from trainers import losses, modeling, sft
-from trainers.collate import SFTBatch, pack_batch, pad_batch
-from trainers.data import TokenizedExample, tokenize_sft_rows
-from trainers.losses import IGNORE_INDEX, target_positions, token_cross_entropy
-from trainers.packing import best_fit_decreasing
-from trainers.sft import SFTConfig, sft_loss, train_sft
+from trainers.data.collate import SFTBatch, pack_batch, pad_batch
+from trainers.data.packing import best_fit_decreasing
+from trainers.data.sft import TokenizedExample, tokenize_sft_rows
+from trainers.losses.causal_lm import IGNORE_INDEX, target_positions, token_cross_entropy
+from trainers.losses import causal_lm as losses
+from trainers.methods import sft
+from trainers.methods.sft import SFTConfig, sft_loss, train_sft
+from trainers.modeling import loading as modeling
 
 
 def per_example_packed_losses(

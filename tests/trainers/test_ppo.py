@@ -19,19 +19,19 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-import trainers.ppo
+import trainers.methods.ppo
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_grpo import HAS_E_SET, ROWS, CopyCounter
-from trainers.loop import StopRequest
-from trainers.ppo import (
+from trainers.core.loop import StopRequest
+from trainers.families.rl import RewardSet
+from trainers.families.rollout import RLPrompt, completion_logps
+from trainers.methods.ppo import (
     PPOBatch,
     PPOConfig,
     PPORollouts,
     train_ppo,
 )
-from trainers.rewards import ScoreModel
-from trainers.rl import RewardSet
-from trainers.rollout import RLPrompt, completion_logps
+from trainers.rewards.graders import ScoreModel
 
 PPO_KEYS = {"policy_loss", "value_loss", "approx_kl", "clip_fraction", "entropy", "kl", "score", "returns"}
 
@@ -83,7 +83,7 @@ def test_the_rollouts_advantages_follow_from_score_kl_and_eos(
         return given[-1]
 
     monkeypatch.setattr(RolloutSpy, "seen", [])
-    monkeypatch.setattr(trainers.ppo, "PPORollouts", RolloutSpy)
+    monkeypatch.setattr(trainers.methods.ppo, "PPORollouts", RolloutSpy)
     kl_coef, gamma, lam, penalty = 0.5, 0.9, 0.8, 1.5
     config = ppo_config(
         model_path=str(eos_model_path),
@@ -132,7 +132,7 @@ def test_the_rollouts_advantages_follow_from_score_kl_and_eos(
 def test_the_policy_and_value_forward_gives_the_head_contiguous_inputs(tiny_model_path: Path) -> None:
     """PPO's padded forward asks for the last C + 1 positions' logits, a strided slice of the hidden
     states, which the CPU ran as a batched product against a copy of the head per row, in forward and
-    backward (trainers/rollout.py ``forward_completion``). The values and log-probs are the head's on
+    backward (trainers/families/rollout.py ``forward_completion``). The values and log-probs are the head's on
     the whole forward's hidden states."""
     model: Any = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     seen: list[tuple[tuple[int, ...], bool]] = []
@@ -145,7 +145,7 @@ def test_the_policy_and_value_forward_gives_the_head_contiguous_inputs(tiny_mode
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
     completion_ids = torch.randint(3, 100, (3, 4), generator=generator)
     completion_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
-    logps, _, values = trainers.ppo.policy_and_values(
+    logps, _, values = trainers.methods.ppo.policy_and_values(
         model, value_head, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0
     )
     assert seen == [((3, 5, 64), True)]  # C + 1 of the 9 positions, as a contiguous copy

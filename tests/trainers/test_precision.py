@@ -19,11 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
-from trainers.dpo import DPOConfig, train_dpo
-from trainers.errors import DataError
-from trainers.modeling import load_model
-from trainers.precision import PRECISIONS, autocast_dtype
-from trainers.sft import SFTConfig, train_sft
+from trainers.core.errors import DataError
+from trainers.core.precision import PRECISIONS, autocast_dtype
+from trainers.methods.dpo import DPOConfig, train_dpo
+from trainers.methods.sft import SFTConfig, train_sft
+from trainers.modeling.loading import load_model
 
 
 def test_the_cpu_autocasts_only_an_explicit_bf16() -> None:
@@ -42,7 +42,7 @@ def test_the_cpu_autocasts_only_an_explicit_bf16() -> None:
 def on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The trainers on the CPU even on a GPU host (where the settings do apply: run there, the fp32 test
     failed before it had this)."""
-    for module in ("trainers.sft", "trainers.dpo"):
+    for module in ("trainers.methods.sft", "trainers.methods.dpo"):
         monkeypatch.setattr(f"{module}.pick_device", lambda: torch.device("cpu"))
 
 

@@ -1,4 +1,4 @@
-"""Reference log-probs kept between DPO runs (trainers/reference_cache.py): a later run on the same pairs
+"""Reference log-probs kept between DPO runs (trainers/families/reference_cache.py): a later run on the same pairs
 and reference reads them instead of scoring the pairs again, and anything the log-probs depend on
 changes the entry's key."""
 
@@ -14,14 +14,14 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-import trainers.dpo
+import trainers.methods.dpo
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
-from trainers.dpo import DPOConfig, Reference, Scoring, scoring_message, train_dpo
-from trainers.modeling import load_model
-from trainers.packing import PairPacking
-from trainers.preference_data import PreferenceExample, tokenize_preference_rows
-from trainers.reference_cache import MAX_ENTRIES, ReferenceCache, reference_key
+from trainers.data.packing import PairPacking
+from trainers.data.preference import PreferenceExample, tokenize_preference_rows
+from trainers.families.reference_cache import MAX_ENTRIES, ReferenceCache, reference_key
+from trainers.methods.dpo import DPOConfig, Reference, Scoring, scoring_message, train_dpo
+from trainers.modeling.loading import load_model
 
 RUN = {"use_lora": True, "precompute_ref_log_probs": True, "max_steps": 3, "batch_size": 4}
 
@@ -62,7 +62,7 @@ def test_a_later_run_on_the_same_pairs_reads_the_kept_log_probs_and_trains_the_s
     def refuse(*_args: Any, **_kwargs: Any) -> None:
         raise AssertionError("the reference scored the pairs again")
 
-    monkeypatch.setattr(trainers.dpo, "precompute_reference_log_probs", refuse)
+    monkeypatch.setattr(trainers.methods.dpo, "precompute_reference_log_probs", refuse)
     reused = Recorder()
     train_dpo(
         make_config(**sweep, output_dir=str(tmp_path / "c"), reference_cache_file=str(kept)),

@@ -18,12 +18,12 @@ from trl.import_utils import TRLExperimentalWarning
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
 from tests.trainers.test_dpo import STRING_ROWS, separable_rows
-from trainers.cpo import CPOConfig, CPOLoss, SimPOConfig, train_cpo, train_simpo
-from trainers.errors import DataError
-from trainers.loop import LossSums
-from trainers.orpo import ORPOConfig, ORPOLoss, train_orpo
-from trainers.preference_data import PreferenceExample, collate_preferences, tokenize_preference_rows
-from trainers.preference_losses import cpo_loss, kto_loss, log1mexp, odds_ratio_loss
+from trainers.core.errors import DataError
+from trainers.core.loop import LossSums
+from trainers.data.preference import PreferenceExample, collate_preferences, tokenize_preference_rows
+from trainers.losses.preference import cpo_loss, kto_loss, log1mexp, odds_ratio_loss
+from trainers.methods.cpo import CPOConfig, CPOLoss, SimPOConfig, train_cpo, train_simpo
+from trainers.methods.orpo import ORPOConfig, ORPOLoss, train_orpo
 
 with warnings.catch_warnings():  # TRL warns, once, that its experimental trainers may change
     warnings.simplefilter("ignore", TRLExperimentalWarning)

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
-from trainers.loop import StopRequest
-from trainers.sft import SFTConfig, train_sft
+from trainers.core.loop import StopRequest
+from trainers.methods.sft import SFTConfig, train_sft
 
 RUN = RESUME_RUN
 

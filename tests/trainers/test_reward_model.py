@@ -17,9 +17,9 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 from trl.trainer.reward_trainer import RewardTrainer
 
 from tests.trainers.helpers import Recorder
-from trainers.modeling import load_tokenizer
-from trainers.preference_data import collate_preferences, tokenize_preference_rows
-from trainers.reward_model import (
+from trainers.data.preference import collate_preferences, tokenize_preference_rows
+from trainers.families.rollout import tokenize_rl_rows
+from trainers.methods.reward_model import (
     RewardModelConfig,
     load_reward_scorer,
     pairwise_loss,
@@ -27,8 +27,8 @@ from trainers.reward_model import (
     reward_scores,
     train_reward_model,
 )
-from trainers.rewards import build_grader
-from trainers.rollout import tokenize_rl_rows
+from trainers.modeling.loading import load_tokenizer
+from trainers.rewards.graders import build_grader
 
 CITIES = ["Paris", "Lima", "Tokyo", "Dublin", "Rome", "Oslo", "Madrid", "Cairo"]
 

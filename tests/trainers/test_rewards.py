@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-import trainers.rewards
+import trainers.rewards.graders
 from service.config import Settings
-from trainers.preference_data import encode_prompt_completion
-from trainers.rewards import (
+from trainers.data.preference import encode_prompt_completion
+from trainers.rewards.graders import (
     GraderError,
     MultiGrader,
     PythonGrader,
@@ -33,7 +33,7 @@ PY = {"type": "python", "name": "py"}
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(trainers.rewards, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(trainers.rewards.graders, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted >= 10
 
 

@@ -1,4 +1,4 @@
-"""The shared RL plumbing (trainers/rl.py): one reward set for every RL method of the registry.
+"""The shared RL plumbing (trainers/families/rl.py): one reward set for every RL method of the registry.
 
 A reward function may return None for a completion it cannot judge; every RL method then trains on,
 counts it per reward function (``rewards/{name}/unscored``), and takes no reward signal from it.
@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from tests.trainers.helpers import Recorder, small_config
-from trainers.errors import DataError
-from trainers.example_store import ExampleStore
-from trainers.grpo import GRPOConfig, train_grpo
+from trainers.core.errors import DataError
+from trainers.data.example_store import ExampleStore
+from trainers.families.rl import RewardSet, completion_metrics, reward_evaluator
+from trainers.families.rollout import tokenize_rl_rows
+from trainers.methods.grpo import GRPOConfig, train_grpo
 from trainers.registry import METHODS, resolve
-from trainers.rewards import build_grader
-from trainers.rl import RewardSet, completion_metrics, reward_evaluator
-from trainers.rollout import tokenize_rl_rows
+from trainers.rewards.graders import build_grader
 
 RL_METHODS = [n for n, m in METHODS.items() if m.grader and n != "reinforcement"]  # reinforcement is GRPO
 ROWS = [{"prompt": p, "answer": "e"} for p in ("The capital of Peru is", "Hello", "Name a color:")] * 4

@@ -1,4 +1,4 @@
-"""Objectives of the online RL methods (trainers/rl_losses.py): GRPO's, RLOO's and online DPO's losses,
+"""Objectives of the online RL methods (trainers/losses/rl.py): GRPO's, RLOO's and online DPO's losses,
 gradients and metrics equal TRL's own code on the same tensors; PPO's equal the paper's equations written
 out. Pure tensor tests, fast enough for the mutation check."""
 
@@ -17,10 +17,10 @@ from trl.import_utils import TRLExperimentalWarning
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.rloo_trainer import RLOOTrainer
 
-import trainers.rl_losses
+import trainers.losses.rl
 from tests.trainers.test_advantages import LENGTHS, completion_mask
-from trainers.advantages import judge_pairs
-from trainers.rl_losses import grpo_loss, online_dpo_loss, ppo_loss, rloo_loss
+from trainers.losses.advantages import judge_pairs
+from trainers.losses.rl import grpo_loss, online_dpo_loss, ppo_loss, rloo_loss
 
 with warnings.catch_warnings():  # TRL warns, once, that its experimental trainers may change
     warnings.simplefilter("ignore", TRLExperimentalWarning)
@@ -329,7 +329,7 @@ def test_the_paper_loss_written_out_and_unjudged_pairs() -> None:
 
 
 def test_doctests_pass() -> None:
-    result = doctest.testmod(trainers.rl_losses)
+    result = doctest.testmod(trainers.losses.rl)
     assert result.attempted >= 3 and result.failed == 0
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
 from tests.trainers.test_grpo import HAS_E_SET, ROWS
-from trainers.rloo import RLOOConfig, train_rloo
+from trainers.methods.rloo import RLOOConfig, train_rloo
 
 RL_KEYS = {
     "reward",

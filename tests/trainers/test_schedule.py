@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import get_scheduler
 
-from trainers.schedule import build_scheduler
+from trainers.core.schedule import build_scheduler
 
 
 @pytest.mark.parametrize("kind", ["linear", "cosine", "constant"])

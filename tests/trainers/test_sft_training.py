@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainers.helpers import Recorder
-from trainers.sft import SFTConfig, train_sft
+from trainers.methods.sft import SFTConfig, train_sft
 
 STEP_KEYS = {
     "step",
@@ -139,7 +139,7 @@ def test_gradient_checkpointing_gives_the_same_losses(
 def test_bad_hyperparameter_is_a_data_error(
     make_config: Callable[..., SFTConfig], demo_rows: list[dict[str, Any]]
 ) -> None:
-    from trainers.errors import DataError
+    from trainers.core.errors import DataError
 
     with pytest.raises(DataError) as info:
         train_sft(make_config(lr_scheduler="step"), demo_rows)
@@ -153,7 +153,7 @@ def test_eval_steps_and_data_errors(
     train_sft(make_config(max_steps=5, eval_steps=2), demo_rows, demo_rows[:4], rec)
     assert [int(r["step"]) for r in rec.evals] == [2, 4, 5]
 
-    from trainers.errors import DataError
+    from trainers.core.errors import DataError
 
     with pytest.raises(DataError) as info:
         train_sft(make_config(max_length=6), demo_rows)
@@ -168,7 +168,7 @@ def test_gradient_checkpointing_is_enabled(
 ) -> None:
     from peft import PeftModel
 
-    from trainers.modeling import load_model
+    from trainers.modeling.loading import load_model
 
     for use_lora in (True, False):
         model = load_model(make_config(use_lora=use_lora, gradient_checkpointing=True), torch.device("cpu"))

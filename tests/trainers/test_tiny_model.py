@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from trainers.tiny_model import build_tiny_model
+from trainers.modeling.tiny_model import build_tiny_model
 
 
 def test_loads_and_generates(tiny_model_path: Path) -> None:
@@ -55,7 +55,7 @@ def test_deterministic_per_seed(tmp_path: Path, tiny_model_path: Path) -> None:
 
 
 def test_chat_reply_generates_text(tiny_model_path: Path) -> None:
-    from trainers.generation import chat_reply
+    from trainers.modeling.generation import chat_reply
 
     reply = chat_reply(tiny_model_path, [{"role": "user", "content": "hello"}], max_new_tokens=4)
     # an untrained random model says something; the point is the template + generate + decode path

@@ -1,4 +1,4 @@
-"""``trainers.varlen_attention``: packed sequences' attention from their bounds equals the block-diagonal
+"""``trainers.kernels.varlen_attention``: packed sequences' attention from their bounds equals the block-diagonal
 masked attention transformers builds from their position ids.
 
 The variable-length kernel is CUDA's only. On the CPU these tests run the module's CPU branch, which
@@ -17,10 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import Recorder
-from trainers import varlen_attention
-from trainers.collate import pack_batch, pad_batch
-from trainers.data import tokenize_sft_rows
-from trainers.sft import SFTConfig, sft_loss, train_sft
+from trainers.data.collate import pack_batch, pad_batch
+from trainers.data.sft import tokenize_sft_rows
+from trainers.kernels import varlen_attention
+from trainers.methods.sft import SFTConfig, sft_loss, train_sft
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
@@ -168,7 +168,7 @@ def test_a_packed_run_with_bounds_trains_as_a_padded_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Through the whole trainer (its decoder layers that keep less for backward included)."""
-    from trainers import sft
+    from trainers.methods import sft
 
     base = str(Path(make_config().output_dir).parent)
     packed, padded = Recorder(), Recorder()

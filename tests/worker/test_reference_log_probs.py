@@ -11,7 +11,7 @@ import numpy as np
 from service.files.service import reference_log_probs_key
 from service.storage.local import LocalBlobStore
 from tests.helpers import tenant_of, upload_ok
-from trainers.reference_cache import ReferenceCache
+from trainers.families.reference_cache import ReferenceCache
 from worker import reference_log_probs
 
 ROWS = [{"prompt": "Is Lima a city?", "chosen": " Yes.", "rejected": " No."}] * 4

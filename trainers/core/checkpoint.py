@@ -1,0 +1,257 @@
+"""Write and read checkpoint folders, atomically.
+
+Layout: ``{output_dir}/checkpoint-{step:06d}/`` holding
+
+- ``model/``: a Hugging Face folder (safetensors + tokenizer). Intermediate checkpoints of a LoRA run
+  hold the adapter only; the final checkpoint holds full weights, the adapter merged into the base, so
+  it loads with ``AutoModelForCausalLM.from_pretrained`` and no peft.
+- ``state/`` (not in the final checkpoint): ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` (fp16
+  only), ``rng.pt``, ``trainer_state.json`` (step, data position, sampler permutation, metrics) and, for
+  online methods, ``task.pt`` (the rollout in use, the value head: see ``trainers.core.loop.StepPreparer``).
+
+A checkpoint is built in a temporary folder inside ``output_dir`` and renamed into place with
+``os.replace``, so a crash never leaves a half-written ``checkpoint-*`` folder behind. A resumable one
+also carries ``state/manifest.json``, written last: every file of ``model/`` and ``state/`` with its
+size. Loading verifies it (``verify_checkpoint``), so a copy that lost files or was truncated on its way
+(a blob store, a tar, a full disk) is refused and the caller falls back to an earlier checkpoint
+(``latest_checkpoint`` does that for a local folder). Sizes, not hashes: hashing the optimizer state of
+a large model at every save would stall training for tens of seconds; safetensors and torch's zip
+format check their own headers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from trainers.core.callbacks import CheckpointInfo
+from trainers.core.rng import capture_rng_state, restore_rng_state
+
+FORMAT_VERSION = 1
+MODEL_DIR, STATE_DIR = "model", "state"
+TASK_STATE = "task.pt"
+MANIFEST = "manifest.json"
+_CHECKPOINT_GLOB = "checkpoint-*"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be resumed from: incomplete, truncated or of another format."""
+
+
+@dataclass
+class LoopState:
+    """Where a run stands between two optimizer steps; enough, with the tensors, to resume exactly."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # 0-based epoch in progress
+    batch_index: int = 0  # next micro-batch of that epoch
+    repeat: int = 0  # optimizer steps already done on that micro-batch group (online methods reuse rollouts)
+    trained_tokens: int = 0
+    sampler_seed: int = 0
+    permutation: list[int] = field(default_factory=list)  # example order of the epoch in progress
+    total_steps: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def checkpoint_dir(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / f"checkpoint-{step:06d}"
+
+
+def save_checkpoint(
+    output_dir: str | Path,
+    *,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    state: LoopState,
+    epoch: float,
+    final: bool,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    task_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> CheckpointInfo:
+    """Write a checkpoint; training state is written when ``optimizer`` is given (its state is
+    ``optimizer_state`` when given: a sharded optimizer's, gathered whole, ``trainers.core.sharding``).
+
+    A final checkpoint of a LoRA model merges the adapter into the base weights in place: the model
+    cannot be trained further afterwards.
+    """
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-checkpoint-{state.step:06d}-", dir=out))
+    try:
+        _save_model(model, tokenizer, tmp / MODEL_DIR, final=final)
+        if optimizer is not None:
+            state_dir = tmp / STATE_DIR
+            state_dir.mkdir()
+            full = optimizer_state if optimizer_state is not None else optimizer.state_dict()
+            torch.save(full, state_dir / "optimizer.pt")
+            if scheduler is not None:
+                torch.save(scheduler.state_dict(), state_dir / "scheduler.pt")
+            if scaler is not None:
+                torch.save(scaler.state_dict(), state_dir / "scaler.pt")
+            torch.save(capture_rng_state(), state_dir / "rng.pt")
+            if task_state is not None:
+                torch.save(task_state, state_dir / TASK_STATE)
+            payload = {"format_version": FORMAT_VERSION, **asdict(state)}
+            (state_dir / "trainer_state.json").write_text(json.dumps(payload), encoding="utf-8")
+            _write_manifest(tmp)
+        target = checkpoint_dir(out, state.step)
+        _replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return CheckpointInfo(path=target, step=state.step, epoch=epoch, final=final, metrics=dict(state.metrics))
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {
+        str(p.relative_to(folder)): p.stat().st_size
+        for part in (MODEL_DIR, STATE_DIR)
+        for p in sorted((folder / part).rglob("*"))
+        if p.is_file()
+    }
+    manifest = {"format_version": FORMAT_VERSION, "files": files}
+    (folder / STATE_DIR / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def verify_checkpoint(ckpt: str | Path) -> None:
+    """Raise ``CheckpointError`` unless ``ckpt`` is a complete resumable checkpoint (see the manifest)."""
+    folder = Path(ckpt)
+    path = folder / STATE_DIR / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files: dict[str, int] = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{ckpt} is not a complete resumable checkpoint (no valid {path.name})"
+        ) from exc
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{ckpt}: unsupported checkpoint format")
+    for name, size in files.items():
+        file = folder / name
+        actual = file.stat().st_size if file.is_file() else None
+        if actual != size:
+            found = "missing" if actual is None else f"{actual} bytes"
+            raise CheckpointError(f"{ckpt}: {name} is {found}, expected {size} bytes")
+
+
+def load_loop_state(ckpt: str | Path) -> LoopState:
+    verify_checkpoint(ckpt)
+    path = Path(ckpt) / STATE_DIR / "trainer_state.json"
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    if payload.pop("format_version", None) != FORMAT_VERSION:
+        raise CheckpointError(f"{ckpt}: unsupported checkpoint format")
+    return LoopState(**payload)
+
+
+def resumable_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The ``checkpoint-*`` folders with a training state, newest (highest step) first; unverified."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = [p for p in out.glob(_CHECKPOINT_GLOB) if (p / STATE_DIR).is_dir() and _step_of(p) is not None]
+    return sorted(found, key=lambda p: _step_of(p) or 0, reverse=True)
+
+
+def _step_of(path: Path) -> int | None:
+    suffix = path.name.removeprefix("checkpoint-")
+    return int(suffix) if suffix.isdigit() else None
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint in ``output_dir`` that verifies, skipping incomplete or truncated ones."""
+    for path in resumable_checkpoints(output_dir):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError:
+            continue
+        return path
+    return None
+
+
+def prune_checkpoints(output_dir: str | Path, *, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` resumable checkpoints (final exports are kept); returns them."""
+    old = resumable_checkpoints(output_dir)[max(1, keep) :]
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
+
+
+def restore_training_state(
+    ckpt: str | Path,
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    reshard: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> LoopState:
+    """Load optimizer, scheduler, scaler and RNG states in place; return the loop state. ``reshard``
+    cuts the saved (whole) optimizer state to a sharded optimizer's (``trainers.core.sharding``)."""
+    state = load_loop_state(ckpt)
+    state_dir = Path(ckpt) / STATE_DIR
+    optimizer_state = _load(state_dir / "optimizer.pt")
+    optimizer.load_state_dict(reshard(optimizer_state) if reshard is not None else optimizer_state)
+    if scheduler is not None:
+        scheduler.load_state_dict(_load(state_dir / "scheduler.pt"))
+    if scaler is not None and (state_dir / "scaler.pt").is_file():
+        scaler.load_state_dict(_load(state_dir / "scaler.pt"))
+    restore_rng_state(_load(state_dir / "rng.pt"))
+    return state
+
+
+def load_task_state(ckpt: str | Path) -> dict[str, Any] | None:
+    """The method's own state saved with ``task_state`` (None when there is none)."""
+    path = Path(ckpt) / STATE_DIR / TASK_STATE
+    return _load(path) if path.is_file() else None
+
+
+def _load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _save_model(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path, *, final: bool
+) -> None:
+    if isinstance(model, PeftModel):
+        if final:
+            merged = model.merge_and_unload()
+            assert isinstance(merged, PreTrainedModel)
+            _export(merged, path)
+        else:
+            model.save_pretrained(str(path))  # the adapter only
+    else:
+        assert isinstance(model, PreTrainedModel)
+        if final:
+            _export(model, path)
+        else:
+            model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def _export(model: PreTrainedModel, path: Path) -> None:
+    """Save for inference: gradient checkpointing turns the KV cache off in the config; turn it back on."""
+    model.config.use_cache = True
+    model.save_pretrained(path)
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``, replacing an existing ``dst`` (``os.replace`` only replaces empty folders)."""
+    if dst.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".old-{dst.name}-", dir=dst.parent))
+        os.replace(dst, old / dst.name)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)

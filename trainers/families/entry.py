@@ -1,0 +1,62 @@
+"""The one signature of every method's train function (the ``trainer`` of its ``trainers.registry``
+entry), and the steps each of them starts with.
+
+    train_x(config, train_rows, valid_rows=None, callbacks=None, *, rewards=None) -> TrainResult
+
+``rewards`` (a ``trainers.families.rl.RewardSet``) is required by the methods the registry marks ``grader`` and
+refused by the others, so the worker calls every method the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from transformers import PreTrainedTokenizerBase
+
+from trainers.core.callbacks import TrainingCallbacks, TrainResult
+from trainers.core.config import TrainingConfig
+from trainers.core.errors import DataError
+from trainers.core.rng import seed_everything
+from trainers.modeling.loading import load_tokenizer
+from trainers.registry import get_method
+
+if TYPE_CHECKING:
+    from trainers.families.rl import RewardSet
+
+Rows = Sequence[Mapping[str, Any]]
+T = TypeVar("T")
+
+
+class TrainEntry(Protocol):
+    def __call__(
+        self,
+        config: Any,
+        train_rows: Rows,
+        valid_rows: Rows | None = None,
+        callbacks: TrainingCallbacks | None = None,
+        *,
+        rewards: RewardSet | None = None,
+    ) -> TrainResult: ...
+
+
+def begin_training(
+    config: TrainingConfig, *, valid_rows: Rows | None, rewards: RewardSet | None
+) -> PreTrainedTokenizerBase:
+    """Check the config's ranges and that the inputs fit the method, seed everything, load the tokenizer."""
+    config.validate()
+    method = get_method(config.method)
+    if method.grader and rewards is None:
+        raise DataError(f"method '{method.name}' needs a grader (reward functions)", param="grader")
+    if not method.grader and rewards is not None:
+        raise ValueError(f"method '{method.name}' takes no reward functions")
+    seed_everything(config.seed)
+    return load_tokenizer(config.model_path)
+
+
+def tokenize_splits(
+    tokenize: Callable[..., Sequence[T]], train_rows: Rows, valid_rows: Rows | None
+) -> tuple[Sequence[T], Sequence[T] | None]:
+    """``tokenize(rows, param=...)`` on the training rows and, when given, the validation rows."""
+    train = tokenize(train_rows, param="training_file")
+    return train, tokenize(valid_rows, param="validation_file") if valid_rows else None

@@ -1,0 +1,228 @@
+"""Group Relative Policy Optimization (GRPO): sample G completions per prompt, score them with reward
+functions, and push up the likelihood of those better than their group's mean (Shao et al. 2024,
+DeepSeekMath, eq. 3), with a clipped ratio to the sampling policy and an optional KL to the reference:
+
+    J(θ) = E_q E_{o_1..o_G ~ π_old(·|q)} [ 1/G Σ_i 1/|o_i| Σ_t min(ρ_it Â_i, clip(ρ_it, 1-ε, 1+ε_h) Â_i)
+                                           - β D_KL(π_θ || π_ref) ],
+    ρ_it = π_θ(o_it | q, o_i<t) / π_old(o_it | q, o_i<t)
+    Â_i = (r_i - mean(r_1..r_G)) / std(r_1..r_G)
+
+``loss_type`` picks the normalisation: ``grpo`` (the 1/|o_i| per-sequence mean above), ``dr_grpo``
+(Liu et al. 2025: Σ over tokens / (B · max_completion_length), usually with ``scale_rewards="none"``),
+``dapo`` (Yu et al. 2025, eq. 8: one mean over every token of the step; with ``epsilon_high`` for
+clip-higher). Each optimizer step samples a fresh rollout for ``batch_size * gradient_accumulation_steps``
+prompts on the shared loop (``trainers.core.loop``), reused for ``num_iterations`` steps.
+
+    python -c "
+    from trainers.methods.grpo import GRPOConfig, train_grpo; from trainers.rewards.graders import build_grader
+    from trainers.families.rl import RewardSet; from trainers.modeling.tiny_model import build_tiny_model
+    rows = [{'prompt': 'The capital of Peru is'}] * 16
+    grader = build_grader({'type': 'string_check', 'name': 'e', 'operation': 'like',
+                           'input': '{{sample.output_text}}', 'reference': 'e'})
+    config = GRPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/grpo-out', max_steps=10)
+    print(train_grpo(config, rows, rewards=RewardSet.of([grader])))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from trainers.core import distributed as dist
+from trainers.core.callbacks import TrainingCallbacks, TrainResult
+from trainers.core.config import RolloutConfig
+from trainers.core.loop import LossSums, PreparedStep
+from trainers.families.entry import Rows
+from trainers.families.rl import RewardSet, step_completions, train_on_rollouts
+from trainers.families.rollout import (
+    ReusedRollout,
+    RLPrompt,
+    RolloutBatch,
+    completion_logps,
+    generate_rollout,
+    micro_batch_spans,
+    reference_logps,
+    rollout_seed,
+)
+from trainers.losses.advantages import group_advantages, group_reward_metrics
+from trainers.losses.rl import grpo_loss_terms
+
+
+@dataclass
+class GRPOConfig(RolloutConfig):
+    """Configuration of a GRPO run: the shared fields of ``trainers.core.config.RolloutConfig``, plus
+
+    Method:
+        num_generations: completions sampled per prompt (G); the advantage compares them.
+        beta: KL coefficient to the reference (k3 estimator); 0 skips the reference entirely. The
+            reference is the base model: the adapter disabled for LoRA, a frozen copy for full training.
+        epsilon, epsilon_high: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
+            (epsilon_high None: epsilon).
+        loss_type: ``grpo`` | ``dr_grpo`` | ``dapo`` (see the module docstring).
+        scale_rewards: divide advantages by the reward std of the ``group``, of the ``batch``, or not
+            (``none``).
+        num_iterations: optimizer steps per rollout (μ); > 1 keeps the rollout's log-probs as π_old.
+        mask_truncated_completions: completions without EOS get no loss.
+
+    Shared fields as GRPO reads them: ``batch_size`` counts prompts per micro-batch, each with
+    ``num_generations`` completions; validation (``eval_steps``) scores the validation prompts' completions.
+    """
+
+    method: ClassVar[str] = "grpo"
+
+    learning_rate: float = 1e-5
+    num_generations: int = 4
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    loss_type: str = "grpo"
+    scale_rewards: str = "group"
+    num_iterations: int = 1
+    mask_truncated_completions: bool = False
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.beta != 0.0
+
+
+# -- batches --------------------------------------------------------------------------------------------
+@dataclass
+class GRPOBatch(RolloutBatch):
+    """One micro-batch of a rollout: [N, P] prompts, [N, C] completions, [N] advantages."""
+
+    # completion_mask is the loss mask: zero for truncated completions if they are masked
+    advantages: torch.Tensor
+    old_logps: torch.Tensor | None  # π_old when num_iterations > 1; else the current policy, detached
+    ref_logps: torch.Tensor | None  # when beta > 0
+    loss_units: int  # this micro-batch's share of the step's loss denominator
+    metric_scale: float  # step loss units / step completion tokens: token sums / units = token means
+
+    @property
+    def loss_denominator(self) -> int:
+        return self.loss_units
+
+
+def grpo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: GRPOConfig) -> LossSums:
+    """Summed GRPO loss of a micro-batch, with entropy, kl and clip_ratio sums scaled to token means."""
+    logps, entropy = completion_logps(
+        model,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_ids,
+        batch.completion_mask,
+        temperature=config.temperature,
+    )
+    old = batch.old_logps if batch.old_logps is not None else logps.detach()
+    terms = grpo_loss_terms(
+        logps,
+        old,
+        batch.ref_logps,
+        batch.advantages,
+        batch.completion_mask,
+        epsilon=config.epsilon,
+        epsilon_high=config.epsilon_high,
+        beta=config.beta,
+        loss_type=config.loss_type,
+        max_completion_length=config.max_completion_length,
+    )
+    scale = batch.metric_scale
+    metrics = {
+        "clip_ratio": float(terms.clip_sum) * scale,
+        "entropy": float((entropy * batch.completion_mask).sum()) * scale,
+    }
+    if config.beta != 0.0:
+        metrics["kl"] = float(terms.kl_sum) * scale
+    return LossSums(loss=terms.loss_sum, metrics=metrics)
+
+
+# -- rollouts -------------------------------------------------------------------------------------------
+class GRPORollouts(ReusedRollout[GRPOBatch]):
+    """The loop's ``StepPreparer`` for GRPO: sample, score, compute advantages, split into micro-batches."""
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        rewards: RewardSet,
+        reference: torch.nn.Module | None,
+    ) -> None:
+        super().__init__(GRPOBatch, config.num_iterations)
+        self.config, self.tokenizer, self.rewards, self.reference = config, tokenizer, rewards, reference
+
+    def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[GRPOBatch]:
+        c = self.config
+        seed = rollout_seed()
+        rollout = generate_rollout(
+            model,
+            self.tokenizer,
+            [p for group in examples for p in group],
+            num_generations=c.num_generations,
+            max_completion_length=c.max_completion_length,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            seed=seed,
+        )
+        scores = self.rewards.score(rollout.prompts, rollout.completions, rollout.columns)
+        step = step_completions(scores, rollout)  # every rank's: a batch-wide std is the step's
+        advantages = group_advantages(step.scores.total, c.num_generations, c.scale_rewards)[step.mine]
+        device = rollout.completion_ids.device
+        loss_mask = rollout.loss_mask(c.mask_truncated_completions)
+        spans = micro_batch_spans([len(group) * c.num_generations for group in examples])
+        units = [self._units(loss_mask[rows]) for rows in spans]
+        step_units, step_tokens = dist.sum_floats([sum(units), float(loss_mask.sum())], device)
+        metric_scale = max(1.0, step_units) / max(1.0, step_tokens)
+        batches = []
+        for rows, n_units in zip(spans, units, strict=True):
+            part = rollout.select(rows)
+            old = None
+            if c.num_iterations > 1:
+                with torch.no_grad():
+                    old = completion_logps(model, *part.inputs, temperature=c.temperature)[0]
+            ref = None
+            if c.beta != 0.0:
+                ref = reference_logps(model, self.reference, *part.inputs, temperature=c.temperature)
+            batches.append(
+                GRPOBatch(
+                    prompt_ids=part.prompt_ids,
+                    prompt_mask=part.prompt_mask,
+                    completion_ids=part.completion_ids,
+                    completion_mask=loss_mask[rows, : part.width],
+                    advantages=advantages[rows].to(device),
+                    old_logps=old,
+                    ref_logps=ref,
+                    loss_units=n_units,
+                    metric_scale=metric_scale,
+                )
+            )
+        metrics = {
+            **group_reward_metrics(step.scores.total, c.num_generations),
+            **step.completion_metrics(),
+            **step.scores.metrics(),
+        }
+        return PreparedStep(batches, metrics)
+
+    def _units(self, mask: torch.Tensor) -> int:
+        if self.config.loss_type == "grpo":
+            return int(mask.size(0))
+        if self.config.loss_type == "dr_grpo":
+            return int(mask.size(0)) * self.config.max_completion_length
+        return int(mask.sum())
+
+
+# -- entry point ----------------------------------------------------------------------------------------
+def train_grpo(
+    config: GRPOConfig,
+    train_rows: Rows,
+    valid_rows: Rows | None = None,
+    callbacks: TrainingCallbacks | None = None,
+    *,
+    rewards: RewardSet | None = None,
+) -> TrainResult:
+    """Train ``config.model_path`` with GRPO on the prompts of ``train_rows``, rewarded by ``rewards``."""
+    return train_on_rollouts(
+        config, train_rows, valid_rows, callbacks, rewards, GRPORollouts, grpo_batch_loss
+    )

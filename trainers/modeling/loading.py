@@ -1,0 +1,337 @@
+"""Load the model to train: base weights, optional LoRA adapter, device, precision, checkpointing.
+
+Shared by every method. Weights are kept in float32 for full fine-tuning (the optimizer updates fp32
+master weights; mixed precision only changes the compute dtype, through autocast). A LoRA run on CUDA
+with bf16 keeps the frozen base in bf16 and the adapter in fp32. On resume, the trainable weights come
+from the checkpoint's ``model/`` folder.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+import torch
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
+from peft.helpers import disable_input_dtype_casting
+from safetensors.torch import load_file
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.modeling_layers import GenericForSequenceClassification
+
+from trainers.core.checkpoint import MODEL_DIR
+from trainers.core.distributed import local_device
+from trainers.core.precision import autocast_dtype
+from trainers.core.sharding import is_sharded
+from trainers.data.packing import PackedLayout, PairPacking
+from trainers.kernels import cpu_attention, varlen_attention
+from trainers.kernels.activation_memory import save_less_activation
+from trainers.kernels.fused_lora import fuse_lora
+from trainers.losses.causal_lm import linear_token_nll
+
+
+class ModelSettings(Protocol):
+    model_path: str
+    use_lora: bool
+    lora_r: int
+    lora_alpha: int
+    lora_dropout: float
+    lora_target_modules: list[str] | None
+    gradient_checkpointing: bool
+    mixed_precision: str
+    resume_from: str | None
+
+
+def pick_device() -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK`` on a GPU host (one device per rank), else the CPU."""
+    return local_device()
+
+
+@contextmanager
+def computing_in(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device) -> Iterator[None]:
+    """The model's forwards under autocast to ``dtype`` (none: as they are). Its LoRA layers then take
+    their inputs as they come: peft casts a LoRA layer's input to the adapter's dtype (fp32) and autocast
+    casts it back for the product, an exact round trip that cost a SmolLM2 step one copy of every
+    adapted layer's input, and kept the copy for backward in place of the input itself (which
+    ``trainers.kernels.activation_memory`` then could not rebuild instead of keeping)."""
+    if dtype is None:
+        yield
+        return
+    with (
+        torch.autocast(device.type, dtype=dtype),
+        disable_input_dtype_casting(model, isinstance(model, PeftModel)),
+    ):
+        yield
+
+
+def use_plan_free_attention(device: torch.device) -> None:
+    """On CUDA, keep sdpa off cuDNN's attention: cuDNN builds an execution plan for every new sequence
+    length, and a training run's micro-batches are padded to their own longest row, so nearly every step
+    is a new length. On an H200 that planning took ~16 ms of CPU per attention call in a DPO step of
+    SmolLM2's shapes (2.2 s a step against 0.7 s of GPU work); the flash and memory-efficient kernels
+    sdpa falls back to need none. This process trains one job, so the global switch is its own."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def use_attention_kernels(device: torch.device) -> None:
+    """A trainer process's attention: on CUDA, no cuDNN (``use_plan_free_attention``), and packed
+    sequences through flash attention's variable-length kernel where this torch has it
+    (``trainers.kernels.varlen_attention``: +18% tokens/s for full SFT of a 0.5B model on an H200); on a CPU,
+    bf16 training attention's backward as batched products (``trainers.kernels.cpu_attention``)."""
+    use_plan_free_attention(device)
+    if varlen_attention.available(device):
+        varlen_attention.install()
+    elif device.type == "cpu" and not varlen_attention.installed():  # (tests install it on a CPU)
+        cpu_attention.install()
+
+
+def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # padding is always masked out, so any id will do
+    return tokenizer
+
+
+def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module:
+    """Base model (+ LoRA adapter), with trainable weights restored from ``settings.resume_from``."""
+    compute = autocast_dtype(settings.mixed_precision, device)
+    resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
+    if settings.use_lora:
+        base_dtype = torch.bfloat16 if compute == torch.bfloat16 else torch.float32
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=base_dtype)
+        model = _add_lora(model, settings)
+        if resume_model is not None:
+            set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
+    else:
+        source = str(resume_model) if resume_model is not None else settings.model_path
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    _reduce_activation_memory(model, settings)
+    use_attention_kernels(device)
+    return torch.nn.Module.to(model, device)  # (transformers' typed `to` rejects a device)
+
+
+def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
+    config = LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=settings.lora_r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=settings.lora_target_modules or "all-linear",  # all-linear excludes the LM head
+    )
+    with warnings.catch_warnings():
+        # peft 0.21 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates (FutureWarning).
+        warnings.filterwarnings(
+            "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        peft_model = get_peft_model(model, config)
+    assert isinstance(peft_model, PeftModel)
+    fuse_lora(peft_model)
+    return peft_model
+
+
+def _reduce_activation_memory(model: torch.nn.Module, settings: ModelSettings) -> None:
+    """Gradient checkpointing when asked for (recompute each layer in backward); otherwise each decoder
+    layer keeps only the activations that are costly to recompute (``trainers.kernels.activation_memory``), for
+    a few elementwise passes per layer rather than a layer's forward."""
+    if settings.gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
+    else:
+        save_less_activation(model)
+
+
+def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    assert isinstance(base, PreTrainedModel)
+    # Non-reentrant checkpointing works with frozen inputs; input grads are enabled anyway for
+    # models whose layers still use the reentrant variant.
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5 renamed the method
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[no-untyped-call]
+    base.config.use_cache = False
+    if isinstance(model, PeftModel):
+        base.enable_input_require_grads()  # type: ignore[no-untyped-call]
+
+
+def load_sequence_classifier(
+    settings: ModelSettings, device: torch.device, *, pad_token_id: int, num_labels: int = 1
+) -> torch.nn.Module:
+    """A sequence classifier (a reward model: ``num_labels=1``) on a causal LM checkpoint.
+
+    The head (``score`` for Llama-style models) starts untrained, so with LoRA it is trained in full
+    (peft's ``SEQ_CLS`` task saves it with the adapter). ``pad_token_id`` goes into the config: the model
+    scores the last non-pad token of each row. Trainable weights come back from ``settings.resume_from``.
+    """
+    compute = autocast_dtype(settings.mixed_precision, device)
+    resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
+    source = str(resume_model) if resume_model is not None and not settings.use_lora else settings.model_path
+    base_dtype = torch.bfloat16 if settings.use_lora and compute == torch.bfloat16 else torch.float32
+    model: torch.nn.Module = AutoModelForSequenceClassification.from_pretrained(
+        source, num_labels=num_labels, pad_token_id=pad_token_id, dtype=base_dtype
+    )
+    if settings.use_lora:
+        config = LoraConfig(
+            task_type=TaskType.SEQ_CLS,
+            r=settings.lora_r,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules=settings.lora_target_modules or "all-linear",  # all-linear excludes the head
+            modules_to_save=["score"],
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            model = get_peft_model(model, config)
+        fuse_lora(model)
+        if resume_model is not None:
+            set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
+        model.get_submodule("base_model.model.score").float()  # the head trains in fp32
+    _reduce_activation_memory(model, settings)
+    use_attention_kernels(device)
+    return torch.nn.Module.to(model, device)
+
+
+def _unsharded_base(model: torch.nn.Module) -> PreTrainedModel | None:
+    """The transformers model under a LoRA wrapper, if it is one of ``PLAIN_HEAD_MODELS`` and not sharded
+    (FSDP: weights are gathered only inside the model's own forward, ``trainers.core.sharding``)."""
+    if is_sharded(model):
+        return None
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not isinstance(base, PreTrainedModel) or base.config.model_type not in PLAIN_HEAD_MODELS:
+        return None
+    return base
+
+
+def runs_packed(model: torch.nn.Module) -> bool:
+    """Whether the pair methods pack their batches for ``model`` (``trainers.data.packing``,
+    ``PreferenceBatch.packed``): where its decoder can run alone (``decoder_and_head``,
+    ``classifier_parts``). Those architectures build their attention masks with transformers'
+    ``create_causal_mask``, which turns packed position ids into per-sequence attention."""
+    return _unsharded_base(model) is not None
+
+
+def pair_packing(model: torch.nn.Module) -> PairPacking:
+    """How the pair methods run a preference batch through ``model``'s decoder: each pair's prompt once
+    where its attention is sdpa, which takes ``shared_prompt_layout``'s boolean mask as it is (eager would
+    add it to the scores, flash attention has no mask, flex wants a block mask); else packed sequences
+    where ``runs_packed``; else padded."""
+    base = _unsharded_base(model)  # runs_packed's test
+    if base is None:
+        return PairPacking.PADDED
+    if base.config._attn_implementation == "sdpa":
+        return PairPacking.SHARED_PROMPTS
+    return PairPacking.SEQUENCES
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """The causal LM's decoder (inputs → final hidden states) and its LM head, for the architectures
+    whose logits are exactly ``hidden @ head.weight.T`` (``PLAIN_HEAD_MODELS``) with a bias-free head not
+    adapted by LoRA. None otherwise (another architecture may scale or soft-cap its logits): the caller
+    then runs the whole model. None as well for a sharded model."""
+    base = _unsharded_base(model)
+    if base is None:
+        return None
+    head = base.get_output_embeddings()  # type: ignore[no-untyped-call]
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    return base.get_decoder(), head
+
+
+class ClassifierParts(NamedTuple):
+    decoder: torch.nn.Module
+    head: torch.nn.Module  # hidden states -> scores
+    pad_token_id: int  # the classifier scores each row's rightmost token that is not this id
+
+
+def classifier_parts(model: torch.nn.Module) -> ClassifierParts | None:
+    """A sequence classifier's decoder and its ``score`` head (LoRA's trained copy under a wrapper), for
+    the ``PLAIN_HEAD_MODELS`` built on transformers' ``GenericForSequenceClassification``, whose forward
+    is exactly ``score(decoder(x))`` pooled at the last non-pad token. None otherwise."""
+    base = _unsharded_base(model)
+    if not isinstance(base, GenericForSequenceClassification):
+        return None
+    pad_token_id = base.config.get_text_config().pad_token_id
+    if not isinstance(pad_token_id, int):
+        return None
+    return ClassifierParts(getattr(base, base.base_model_prefix), base.score, pad_token_id)
+
+
+def decoder_hidden_states(
+    decoder: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed: PackedLayout | None = None,
+) -> torch.Tensor:
+    """[N, T, H] final hidden states of right-padded rows [N, T], computed on their packed layout when
+    one is given (zeros at pad positions then)."""
+    if packed is None:
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden: torch.Tensor = out.last_hidden_state
+        return hidden
+    return packed.unpack(packed_hidden_states(decoder, packed.pack(input_ids), packed))
+
+
+def packed_hidden_states(
+    decoder: torch.nn.Module, packed_ids: torch.Tensor, layout: PackedLayout
+) -> torch.Tensor:
+    """[R, W, H] final hidden states of the packed rows ``packed_ids`` [R, W] laid out by ``layout``."""
+    # no cache, and no attention mask unless the layout brings one: transformers then derives
+    # per-sequence attention from the position ids (a 4D mask it takes as it is)
+    out = decoder(
+        input_ids=packed_ids,
+        position_ids=layout.position_ids,
+        attention_mask=layout.attention_mask(),
+        use_cache=False,
+    )
+    hidden: torch.Tensor = out.last_hidden_state
+    return hidden
+
+
+def target_log_probs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    target_mask: torch.Tensor,
+    *,
+    packed: PackedLayout | None = None,
+) -> torch.Tensor:
+    """[M] float32 log-probabilities of the target tokens of right-padded rows ``input_ids`` [N, T], in the
+    row-major order of ``target_mask`` [N, T] (token t is a target predicted from positions < t; column 0
+    never is). Only target positions get logits; on the architectures ``decoder_and_head`` knows, the
+    head is applied chunk by chunk (``losses.linear_token_nll``), so their [M, V] logits are never held
+    at once either, and the decoder runs on the ``packed`` layout when one is given."""
+    mask = target_mask[:, 1:]
+    targets = input_ids[:, 1:][mask]
+    split = decoder_and_head(model)
+    if split is None:
+        logits: torch.Tensor = model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).logits
+        return logits[:, :-1][mask].float().log_softmax(dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    decoder, head = split
+    hidden = decoder_hidden_states(decoder, input_ids, attention_mask, packed)
+    nll, _ = linear_token_nll(hidden[:, :-1][mask], head.weight, targets)
+    return -nll
+
+
+def row_sums(values: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
+    """[N] sums per row of ``values`` [M], laid out as ``target_log_probs`` returns them."""
+    mask = target_mask[:, 1:]
+    rows = torch.arange(mask.shape[0], device=mask.device).unsqueeze(1).expand_as(mask)[mask]
+    return torch.zeros(mask.shape[0], device=values.device, dtype=values.dtype).index_add(0, rows, values)
+
+
+# transformers architectures whose forward computes ``logits = self.lm_head(hidden_states)`` and nothing
+# more (checked in transformers 5.x's modeling files); others keep the whole-model path
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
