@@ -24,6 +24,8 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy service worker tunehouse trainers
+	# the import layers of trainers/, the arrows between packages and no cycles ([tool.importlinter])
+	$(VENV)/bin/lint-imports
 
 format: setup
 	$(VENV)/bin/ruff format .
@@ -44,4 +46,4 @@ bench: setup
 	$(PY) -m pytest bench -m slow -p no:cacheprovider $(ARGS)
 
 clean:
-	rm -rf $(VENV) .tunehouse .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .tunehouse .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache

@@ -8,7 +8,8 @@ disk, not held in RAM (issue 9 item 3).
 
 ``--method grpo`` writes ``{"prompt": ..., "answer": ...}`` rows instead and runs one GRPO step (2
 prompts x 2 completions of 4 tokens, a ``string_check`` grader on the column); ``in RAM`` keeps its
-tokenized prompts as a list, as ``trainers.families.rollout.tokenize_rl_rows`` did before it wrote them to disk.
+tokenized prompts as a list, as ``trainers.families.rollout.tokenize_rl_rows`` did before it wrote them to
+disk.
 
 For each size it writes a JSONL file of ``{"text": ...}`` rows (seeded, lengths varied, ~1 KB a row)
 and runs the tiny model's SFT trainer on it for 2 steps of 8 rows in a fresh child process, twice:
@@ -84,10 +85,10 @@ def child(mode: str, data: Path, model: Path, out: Path, method: str) -> None:
 
 def _grpo(mode: str, rows: Sequence[dict[str, Any]], model: Path, out: Path) -> None:
     import trainers.families.rl
-    from trainers.families.rl import RewardSet
     from trainers.families.rollout import tokenize_rl_rows
     from trainers.methods.grpo import GRPOConfig, train_grpo
     from trainers.rewards.graders import build_grader
+    from trainers.rewards.reward_set import RewardSet
 
     if mode == "in_ram":
         rows = list(rows)

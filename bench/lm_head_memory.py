@@ -21,6 +21,7 @@ import sys
 import time
 
 from bench.trainers_vs_trl import ROOT, smollm2_path
+from trainers.families.entry import load_model_to_train
 
 MODES = ("whole_model", "chunked")
 
@@ -31,8 +32,8 @@ def child(mode: str, full: bool) -> None:
     from trainers.data.collate import pad_batch
     from trainers.data.sft import tokenize_sft_rows
     from trainers.methods.sft import SFTConfig, sft_loss
-    from trainers.modeling.loading import load_model, load_tokenizer
     from trainers.modeling import loading as modeling
+    from trainers.modeling.loading import load_tokenizer
     from trainers.modeling.tiny_model import CORPUS_PATH
 
     if mode == "whole_model":
@@ -50,7 +51,7 @@ def child(mode: str, full: bool) -> None:
     batch = pad_batch(
         list(tokenize_sft_rows(rows, tokenizer, max_length=512)), pad_token_id=tokenizer.pad_token_id
     )
-    model = load_model(config, torch.device("cpu"))
+    model = load_model_to_train(config, torch.device("cpu"))
     seconds = []
     for _ in range(3):
         start = time.perf_counter()

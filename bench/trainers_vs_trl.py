@@ -51,7 +51,8 @@ k1 estimator, gamma 1, lambda 0.95, both clip ranges 0.2, vf_coef 0.1, advantage
 no EOS penalty, LoRA as above on the policy with the reference as the adapter-disabled policy on both
 sides, seed, fp32. Not equal: TRL's critic is a second copy of the reward model, a separate network
 trained in full next to the LoRA policy (its usual recipe); ours is a zero-initialised ``Linear(hidden,
-1)`` on the policy's last hidden state, trained with the adapter (``trainers/methods/ppo.py``). TRL never clips
+1)`` on the policy's last hidden state, trained with the adapter (``trainers/methods/ppo.py``). TRL never
+clips
 gradients (ours: ``max_grad_norm`` 1e6, i.e. never either); TRL steps its LR scheduler per rollout, ours
 per optimizer step (constant, so the same). TRL scores the sampled ids, ours re-encodes prompt +
 completion text (EOS appended, as reward-model training encodes pairs); TRL keeps the rollout's log-probs
@@ -415,16 +416,16 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
         config_rm = RewardModelConfig(**common, max_length=size.max_length)
         train_reward_model(config_rm, rows["pairs"], callbacks=callbacks)
     elif method == "grpo":
-        from trainers.families.rl import RewardSet
         from trainers.methods.grpo import GRPOConfig, train_grpo
+        from trainers.rewards.reward_set import RewardSet
 
         grpo = {**common, "batch_size": size.grpo_prompts, "gradient_accumulation_steps": 1}
         config_g = GRPOConfig(**grpo, num_generations=4, max_completion_length=size.grpo_new_tokens)
         train_grpo(config_g, rows["prompts"], callbacks=callbacks, rewards=RewardSet.of([reward_has_e]))
     elif method == "ppo":
-        from trainers.families.rl import RewardSet
         from trainers.methods.ppo import PPOConfig, train_ppo
         from trainers.rewards.graders import ScoreModel
+        from trainers.rewards.reward_set import RewardSet
 
         ppo = {
             **common,

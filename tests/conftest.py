@@ -27,10 +27,23 @@ import pytest
 PG_SERVER = os.environ.get("TUNEHOUSE_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
 PG_DATABASE = f"tunehouse_test_{os.getpid()}"
 REDIS = os.environ.get("TUNEHOUSE_TEST_REDIS", "redis://127.0.0.1:6379")
-# the worker stack listens on db 15; the API-only server sends to db 14, where no worker listens,
-# so API tests can create jobs without training them
-WORKER_BROKER = f"{REDIS}/15"
-IDLE_BROKER = f"{REDIS}/14"
+# `make test` runs the suite in parallel processes (pytest-xdist): each has its own database (above, by
+# pid), blob folder and five Redis databases of its own (gw0: 15..11, gw1: 10..6, gw2: 5..1)
+XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+if XDIST_WORKER > 2:
+    raise RuntimeError("at most 3 pytest-xdist workers: Redis has 16 databases, each worker takes 5")
+
+
+def redis_db(n: int) -> str:
+    """This test process's n-th Redis database (n from 0 to 4): one no other test process uses."""
+    assert 0 <= n <= 4
+    return f"{REDIS}/{15 - 5 * XDIST_WORKER - n}"
+
+
+# the worker stack listens on db 0; the API-only server sends to db 1, where no worker listens,
+# so API tests can create jobs without training them; tests with stacks of their own take 3 and 4
+WORKER_BROKER = redis_db(0)
+IDLE_BROKER = redis_db(1)
 # ... and to a queue of its own: a worker claims any queued job of the queue it consumes (the fair
 # share, service/jobs/fairness.py), so the API-only jobs in the shared database must be in another
 IDLE_QUEUE = "tunehouse-idle"
@@ -43,7 +56,7 @@ os.environ.update(
     {
         "TUNEHOUSE_DATABASE_URL": f"{PG_SERVER}/{PG_DATABASE}",
         "TUNEHOUSE_BROKER_URL": WORKER_BROKER,
-        "TUNEHOUSE_REDIS_URL": f"{REDIS}/13",
+        "TUNEHOUSE_REDIS_URL": redis_db(2),
         "TUNEHOUSE_DATA_DIR": str(DATA_DIR),
         "TUNEHOUSE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
         "TUNEHOUSE_METRICS_TOKEN": METRICS_TOKEN,
@@ -85,8 +98,8 @@ def _require_services() -> None:
             f"PostgreSQL is not reachable at {PG_SERVER}: {exc}. Start it (see .ci/run).", returncode=3
         )
     try:
-        for db in (13, 14, 15):
-            redis.Redis.from_url(f"{REDIS}/{db}").flushdb()
+        for n in range(5):
+            redis.Redis.from_url(redis_db(n)).flushdb()
     except Exception as exc:
         pytest.exit(f"Redis is not reachable at {REDIS}: {exc}. Start it (see .ci/run).", returncode=3)
 

@@ -9,13 +9,14 @@ train function with the one entry-point signature (``trainers.families.entry.Tra
 The entry here (a ``Method``) declares, for everyone else:
 
 - ``name``: the job's ``method.type``; ``summary``: what runs (the README's methods table);
-- ``formats``: the training-file formats it accepts (``service.files.validation.FileFormat`` values);
+- ``formats``: the training-file formats it accepts (``trainers.formats.FileFormat`` values);
 - ``hyperparameters``: every knob with its type, default and range. This is the single source of the
   API's validation (``service/jobs/spec.py`` builds its pydantic models from it) *and* of the trainer
   config's range checks (``TrainingConfig.validate`` reads it); ``constraints`` are the checks that
   involve several fields;
 - ``learning_rates``: the peak rates (LoRA, full fine-tuning) that ``learning_rate_multiplier`` scales;
-- ``grader``: whether the method takes an RL grader (then the worker passes a ``trainers.families.rl.RewardSet``);
+- ``grader``: whether the method takes an RL grader (then the worker passes a
+``trainers.rewards.reward_set.RewardSet``);
 - ``metrics``: the per-step metric names it emits beyond the loop's own (the stream, dashboard, docs);
 - ``trainer`` and ``config``: import paths ``"module:attribute"``, resolved by the worker
   (``resolve``), never imported here.
@@ -23,11 +24,12 @@ The entry here (a ``Method``) declares, for everyone else:
 Where it lives, and why: the service must read this without importing torch, and DESIGN.md's import
 rules say trainers import nothing of ours and the service nothing of the worker. The declarations are
 about the trainers (their configs check against them, and ``trainers`` stays usable on its own), so they
-live in ``trainers/``, in a module that imports only the standard library. The service may import this
-module and ``trainers.rewards.formula`` — and nothing else of ``trainers`` (``tests/trainers/test_registry.py``
-checks both stay torch-free). Then ``tests/trainers/test_registry.py`` fails if a method is declared here
-but not wired elsewhere: every entry point and config resolves, every config accepts every field, every
-format is one the upload validator detects, every metric is emitted by a one-step run.
+live in ``trainers/``, in a module that imports only the standard library and ``trainers.formats`` (the
+file formats, declared once). The service may import these, ``trainers.rewards.graders`` and
+``trainers.rewards.formula`` — and nothing else of ``trainers`` (``make lint``'s import contracts;
+``tests/trainers/test_registry.py`` checks they stay torch-free). That test also fails if a method is
+declared here but not wired elsewhere: every entry point and config resolves, every config accepts every
+field, every format is one the upload validator detects, every metric is emitted by a one-step run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from trainers.formats import SFT_FORMATS, FileFormat
 
 __all__ = [
     "AUTO",
@@ -353,9 +357,9 @@ _MISSING_EOS_PENALTY = _p(
     nullable=True,
 )
 
-SUPERVISED_FORMATS = ("chat", "prompt_completion", "text")
-PREFERENCE_FORMATS = ("preference",)
-RL_FORMATS = ("prompt_only",)
+SUPERVISED_FORMATS = tuple(sorted(SFT_FORMATS))
+PREFERENCE_FORMATS = (FileFormat.PREFERENCE,)
+RL_FORMATS = (FileFormat.PROMPT_ONLY,)
 
 LOOP_METRICS = ("loss", "learning_rate", "grad_norm", "tokens_per_second", "trained_tokens")
 """What the shared loop (``trainers.core.loop``) reports every step for every method, besides ``step``,
@@ -364,9 +368,21 @@ grader method's eval row has no loss: its ``eval_metrics`` are the grader's scor
 
 # the grader-derived metric of RL methods; "{grader}" is replaced by each grader's name
 REWARD_METRICS = ("rewards/{grader}/mean", "rewards/{grader}/unscored")
-# what an RL method's validation pass reports (trainers.families.rl.reward_evaluator): the mean weighted reward of
+# what an RL method's validation pass reports (trainers.families.rl.reward_evaluator): the mean weighted
+# reward of
 # the validation prompts' completions, and each grader's mean; "{grader}" as above
 RL_EVAL_METRICS = ("valid_reward", "valid_reward/{grader}")
+
+OPENAI_CHECKPOINT_METRICS = {
+    "loss": "train_loss",
+    "mean_token_accuracy": "train_mean_token_accuracy",
+    "valid_loss": "valid_loss",
+    "valid_mean_token_accuracy": "valid_mean_token_accuracy",
+}
+"""The metrics OpenAI's checkpoint objects carry (``fine_tuning.job.checkpoint``'s ``metrics``), from our
+step rows' names (``LOOP_METRICS``, SFT's ``metrics`` and ``eval_metrics``)."""
+OPENAI_CHECKPOINT_PREFIXES = (RL_EVAL_METRICS[0],)
+"""Metric names a checkpoint keeps as they are: an RL validation pass's ``RL_EVAL_METRICS``."""
 COMPLETION_METRICS = (
     "completions/mean_length",
     "completions/min_length",
@@ -561,7 +577,7 @@ KTO = Method(
     "desirable/undesirable weights, KL reference point from mismatched pairs of the micro-batch; the "
     "reference as for `dpo`",
     # preference pairs are unpaired: the chosen completion desirable, the rejected one undesirable
-    formats=("unpaired_preference", "preference"),
+    formats=(FileFormat.UNPAIRED_PREFERENCE, FileFormat.PREFERENCE),
     hyperparameters=(
         # the KL estimate pairs each example with another one of its micro-batch
         *(

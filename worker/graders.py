@@ -11,7 +11,7 @@ from service.storage import BlobStore
 from worker.models import resolve_model_path
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 
 def _resolve_models(spec: dict[str, Any], resolve: Any, param: str) -> dict[str, Any]:
@@ -29,8 +29,8 @@ def reward_set(
     """The job's grader as a one-function reward set named after the grader; None without a grader."""
     if method.grader is None:
         return None
-    from trainers.families.rl import RewardSet
     from trainers.rewards.graders import build_grader
+    from trainers.rewards.reward_set import RewardSet
 
     param = f"method.{method.type}.grader"
 

@@ -16,7 +16,7 @@ from trainers.families.entry import Rows
 from trainers.registry import resolve
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class RunInputs:
     save_minutes: float = 10.0
     keep_checkpoints: int = 3
     # DPO with precomputed reference log-probs: the file that keeps them between jobs on the same training
-    # file (`trainers.families.reference_cache`), fetched from and stored back to the blob store by the job process
+    # file (`trainers.families.reference_cache`), fetched from and stored back to the blob store by the job
+    # process
     reference_cache_file: Path | None = None
 
 

@@ -40,21 +40,12 @@ from service.models import Checkpoint, Job, JobMetric
 from service.storage import BlobStore, BlobStoreUnavailable
 from service.webhooks.events import CHECKPOINT_KIND
 from trainers.core.loop import CheckpointInfo, StopRequest
+from trainers.registry import OPENAI_CHECKPOINT_METRICS, OPENAI_CHECKPOINT_PREFIXES
 from worker.checkpoints import prune_resumable_states
 from worker.outage import blob_outage_event, is_outage, retry_blob, retry_db
 from worker.trackers import Tracker
 
 log = logging.getLogger("tunehouse.worker")
-
-# the keys OpenAI's checkpoint objects carry, mapped from our step rows
-_CHECKPOINT_METRICS = {
-    "loss": "train_loss",
-    "mean_token_accuracy": "train_mean_token_accuracy",
-    "valid_loss": "valid_loss",
-    "valid_mean_token_accuracy": "valid_mean_token_accuracy",
-}
-# RL validation (trainers.families.rl.validation_metrics) keeps its names: valid_reward, valid_reward/{grader}
-_CHECKPOINT_PREFIXES = ("valid_reward",)
 
 
 def estimate_finish(*, now: float, origin: tuple[int, float], step: int, total: int) -> int | None:
@@ -215,8 +206,8 @@ class JobReporter:
         name = self.fine_tuned_model if ckpt.final else f"{self.fine_tuned_model}:ckpt-step-{ckpt.step}"
         metrics = {"step": float(ckpt.step)}
         source = {**self.last_row, **ckpt.metrics}
-        metrics.update({out: float(source[k]) for k, out in _CHECKPOINT_METRICS.items() if k in source})
-        metrics.update({k: float(v) for k, v in source.items() if k.startswith(_CHECKPOINT_PREFIXES)})
+        metrics.update({out: float(source[k]) for k, out in OPENAI_CHECKPOINT_METRICS.items() if k in source})
+        metrics.update({k: float(v) for k, v in source.items() if k.startswith(OPENAI_CHECKPOINT_PREFIXES)})
 
         def write() -> None:
             with session_scope() as session:

@@ -8,8 +8,9 @@ in DESIGN.md). Validation stops at the first problem with a :class:`FileValidati
 
     line 3: field 'messages[1].role': unknown role 'bot' (expected system, developer, user, assistant, tool)
 
-The module is pure Python (stdlib, plus the stdlib-only `trainers.registry`) so it can run in the API
-process, a worker or a CLI.
+The module is pure Python (stdlib, plus the stdlib-only `trainers.registry` and `trainers.formats`, where
+the formats and the rule that detects them are declared once, for this validator and the trainers) so it
+can run in the API process, a worker or a CLI.
 """
 
 from __future__ import annotations
@@ -17,42 +18,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, NoReturn
 
 from service.input_guard import unsafe_value
+from trainers.formats import FileFormat, detect, shape
 from trainers.registry import get_method
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "MESSAGE_ROLES",
-    "FileFormat",
     "FileStats",
     "FileValidationError",
     "JsonlValidator",
     "method_formats",
     "validate_chunks",
 ]
-
-
-class FileFormat(StrEnum):
-    """The format of a training file, detected from its first example."""
-
-    CHAT = "chat"
-    """``{"messages": [...]}`` with at least one assistant message (supervised fine-tuning)."""
-    PROMPT_COMPLETION = "prompt_completion"
-    """``{"prompt": str, "completion": str}``."""
-    TEXT = "text"
-    """``{"text": str}`` for continued pre-training."""
-    PREFERENCE = "preference"
-    """OpenAI ``{"input": {"messages"}, "preferred_output", "non_preferred_output"}`` or
-    ``{"prompt", "chosen", "rejected"}`` (each a string or a message list)."""
-    PROMPT_ONLY = "prompt_only"
-    """RL prompts: ``{"messages"}`` not ending with an assistant message, or ``{"prompt": str}``."""
-    UNPAIRED_PREFERENCE = "unpaired_preference"
-    """Unpaired feedback (KTO): ``{"prompt", "completion", "label": true|false}`` (each a string or a message
-    list) or ``{"messages": [..., assistant], "label": true|false}``, the last message being the judged
-    completion. Detected by a boolean ``label``; once a file has this format, every line needs one."""
 
 
 def method_formats(method_type: str) -> frozenset[FileFormat]:
@@ -304,37 +284,12 @@ class _Line:
                 self.string_or_messages(self.require(example, key, key), key)
 
 
-def _ends_with_assistant(messages: object) -> bool:
-    if isinstance(messages, list) and messages:
-        last = messages[-1]
-        return isinstance(last, dict) and last.get("role") == "assistant"
-    return False
-
-
 def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Line) -> FileFormat:
-    """The format of one example; ``file_format`` resolves shapes that two formats share."""
-    if any(k in example for k in ("preferred_output", "non_preferred_output", "chosen", "rejected")):
-        return FileFormat.PREFERENCE
-    # A boolean label marks unpaired feedback; other labels are extra fields of other formats (a grader's
-    # reference answer, say). Once the file is unpaired feedback, a row without one is checked as such.
-    if isinstance(example.get("label"), bool) or (
-        file_format is FileFormat.UNPAIRED_PREFERENCE and ("prompt" in example or "messages" in example)
-    ):
-        return FileFormat.UNPAIRED_PREFERENCE
-    if "messages" in example:
-        # Chat (SFT) and RL prompts share the shape: once the file's format is known, the example is checked
-        # against it (so that a missing answer reads as such rather than as a format change).
-        if file_format in (FileFormat.CHAT, FileFormat.PROMPT_ONLY):
-            return file_format
-        return FileFormat.CHAT if _ends_with_assistant(example["messages"]) else FileFormat.PROMPT_ONLY
-    if "prompt" in example:
-        # RL prompts may carry any extra field (a "completion" reference answer included); a prompt/completion
-        # file must have a completion on every line.
-        if file_format in (FileFormat.PROMPT_COMPLETION, FileFormat.PROMPT_ONLY):
-            return file_format
-        return FileFormat.PROMPT_COMPLETION if "completion" in example else FileFormat.PROMPT_ONLY
-    if "text" in example:
-        return FileFormat.TEXT
+    """The format of one example (``trainers.formats.detect``, the trainers' own rule); ``file_format``
+    resolves shapes that two formats share."""
+    detected = detect(example, file_format)
+    if detected is not None:
+        return detected
     keys = list(example)
     shown = ", ".join(_short(k) for k in keys[:_MAX_KEYS_SHOWN])
     if len(keys) > _MAX_KEYS_SHOWN:
@@ -351,19 +306,8 @@ def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Li
 def _shape(kind: FileFormat, example: dict[str, Any]) -> str:
     """Formats with two accepted shapes must use one of them for the whole file (the trainers read the
     file's shape from its first line)."""
-    if kind is FileFormat.PREFERENCE:
-        return (
-            "input/preferred_output/non_preferred_output" if "input" in example else "prompt/chosen/rejected"
-        )
-    if kind is FileFormat.PROMPT_ONLY:
-        return "messages" if "messages" in example else "prompt"
-    if kind is FileFormat.UNPAIRED_PREFERENCE:
-        return (
-            "messages/label"
-            if "messages" in example and "prompt" not in example
-            else "prompt/completion/label"
-        )
-    return kind.value
+    found = shape(kind, example)
+    return kind.value if found is None else found.value
 
 
 class JsonlValidator:

@@ -1,6 +1,7 @@
 """Rules for graders: check one (for the graders API and for an RL job's spec) and run one on a sample.
 
-Checking goes beyond the pydantic shapes (service/jobs/graders.py): `trainers.rewards.graders.validate_grader`,
+Checking goes beyond the pydantic shapes (service/jobs/graders.py):
+`trainers.rewards.graders.validate_grader`,
 the check the worker runs before grading, catches what only it knows (template variables, sub-grader
 names, Python source that does not compile), so a grader that passes here cannot fail the job for its
 form later. Running reuses `trainers.rewards.graders.build_grader`, the reward functions RL jobs train with.

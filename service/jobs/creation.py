@@ -14,7 +14,7 @@ from service.base_models.fine_tuned import find_final_checkpoint
 from service.config import Settings
 from service.errors import BadRequest, NotFound
 from service.files.service import PURPOSES, get_file
-from service.files.validation import FileFormat, method_formats
+from service.files.validation import method_formats
 from service.graders.service import check_grader
 from service.ids import new_id
 from service.jobs.capacity import note_if_unfit
@@ -31,6 +31,7 @@ from service.jobs.spec import (
     stored_method,
 )
 from service.models import File, Job, Tenant
+from trainers.formats import FileFormat
 
 
 def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, method_type: str) -> File:

@@ -32,11 +32,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REDIS, _stop, new_key, start_server
+from tests.conftest import _stop, new_key, redis_db, start_server
 from tests.e2e.test_preference_methods import preference_rows
 from tests.helpers import all_pages, chat_rows, trainer_pid, upload_ok, wait_for
 
-BROKER = f"{REDIS}/11"
+BROKER = redis_db(4)
 QUEUE = "tunehouse-ranks"
 ENV = {"TUNEHOUSE_BROKER_URL": BROKER, "TUNEHOUSE_JOB_QUEUE": QUEUE}
 REL = 1e-5

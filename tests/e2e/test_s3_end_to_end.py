@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REDIS, _stop, start_server
+from tests.conftest import _stop, redis_db, start_server
 from tests.helpers import all_pages, chat_rows, trainer_pid, upload_ok, wait_for
 from tests.s3_server import S3Server, start_s3_server
 
@@ -30,7 +30,7 @@ BUCKET = "tunehouse-e2e"
 PREFIX = "deploy-a"
 # small parts, on both sides, so the tiny model's checkpoints (about 0.5 MB) go as multipart uploads
 PART = 128 * 1024
-BROKER = f"{REDIS}/11"
+BROKER = redis_db(4)
 OUTAGE_TOLERANCE = 3.0
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import REDIS, _stop, start_server
+from tests.conftest import _stop, redis_db, start_server
 from tests.helpers import chat_rows, spare_trainers, trainer_pid, until, upload_ok, wait_for
 
-BROKER = f"{REDIS}/11"
+BROKER = redis_db(4)
 ENV = {"TUNEHOUSE_BROKER_URL": BROKER, "TUNEHOUSE_JOB_QUEUE": "tunehouse-spare"}
 
 

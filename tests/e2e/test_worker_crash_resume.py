@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REDIS, _stop, start_server
+from tests.conftest import _stop, redis_db, start_server
 from tests.e2e.test_preference_methods import preference_rows
 from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 
-BROKER = f"{REDIS}/12"
+BROKER = redis_db(3)
 ENV = {
     "TUNEHOUSE_BROKER_URL": BROKER,
     # a queue of its own too: workers claim any queued job of their queue in the shared database

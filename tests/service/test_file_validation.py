@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from service.files.validation import (
-    FileFormat,
     FileStats,
     FileValidationError,
     JsonlValidator,
     method_formats,
     validate_chunks,
 )
+from trainers.formats import FileFormat
 
 # -- helpers ------------------------------------------------------------------------------------------------
 

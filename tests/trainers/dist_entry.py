@@ -23,9 +23,9 @@ from typing import Any
 from tests.trainers.helpers import Recorder
 from trainers.core import distributed as dist
 from trainers.core.checkpoint import checkpoint_dir
-from trainers.families.rl import RewardSet
 from trainers.registry import METHODS, resolve
 from trainers.rewards.graders import build_grader
+from trainers.rewards.reward_set import RewardSet
 
 
 def _rows(path: str | None) -> list[dict[str, Any]] | None:

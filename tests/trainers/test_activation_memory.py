@@ -1,4 +1,5 @@
-"""Decoder layers that keep less for backward (trainers/kernels/activation_memory.py): same values and gradients
+"""Decoder layers that keep less for backward (trainers/kernels/activation_memory.py): same values and
+gradients
 as transformers' own forwards, the MLP's product and the norms' outputs recomputed rather than kept."""
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from peft.tuners.lora import Linear as LoraLinear
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from tests.trainers.helpers import model_settings
-from trainers.core.precision import autocast_dtype
+from trainers.core.precision import autocast_dtype, computing_in
+from trainers.families.entry import load_model_to_train
 from trainers.kernels import activation_memory
 from trainers.kernels.activation_memory import recompute, recompute_scope, save_less_activation, silu_mul
-from trainers.modeling.loading import computing_in, load_model
 
 
 def test_silu_mul_equals_silu_times_up_in_value_and_gradient() -> None:
@@ -94,7 +95,7 @@ def test_a_model_trains_as_with_transformers_forwards_and_recomputes_each_produc
     must come out in the dtype the forward gave them."""
     settings = model_settings(tiny_model_path, use_lora=use_lora, mixed_precision=precision)
     compute = autocast_dtype(precision, torch.device("cpu"))
-    model = load_model(settings, torch.device("cpu"))
+    model = load_model_to_train(settings, torch.device("cpu"))
     plain = copy.deepcopy(model)
     for module in plain.modules():
         if "forward" in vars(module) and not isinstance(module, LoraLinear):
@@ -136,7 +137,7 @@ def test_a_layer_registers_only_what_backward_asks_for(
         register(scope, tensor, compute)
 
     monkeypatch.setattr(activation_memory._RecomputeScope, "recompute", counted)
-    model = load_model(model_settings(tiny_model_path, use_lora=use_lora), torch.device("cpu"))
+    model = load_model_to_train(model_settings(tiny_model_path, use_lora=use_lora), torch.device("cpu"))
     _loss_and_gradients(model)
     assert len(registered) == counting.computed == 2 * (3 if use_lora else 5)
 
@@ -151,14 +152,16 @@ def _patched(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def test_a_copied_model_runs_its_own_modules(tiny_model_path: Path) -> None:
-    model = load_model(model_settings(tiny_model_path, use_lora=False), torch.device("cpu"))
+    model = load_model_to_train(model_settings(tiny_model_path, use_lora=False), torch.device("cpu"))
     copied = _patched(copy.deepcopy(model))
     assert len(copied) == 2 * 4  # per layer: the layer, its MLP, its two norms
     assert all(module.forward.__self__ is module for module in copied)
 
 
 def test_gradient_checkpointing_keeps_transformers_forwards(tiny_model_path: Path) -> None:
-    model = load_model(model_settings(tiny_model_path, gradient_checkpointing=True), torch.device("cpu"))
+    model = load_model_to_train(
+        model_settings(tiny_model_path, gradient_checkpointing=True), torch.device("cpu")
+    )
     assert _patched(model) == []
 
 

@@ -1,4 +1,5 @@
-"""Advantages of the online RL methods (trainers/losses/advantages.py): GRPO's and RLOO's equal TRL's own code,
+"""Advantages of the online RL methods (trainers/losses/advantages.py): GRPO's and RLOO's equal TRL's own
+code,
 PPO's per-token rewards, GAE and whitening equal the papers' equations written out, and online DPO's judge
 orders each pair by its scores. Pure tensor tests, fast enough for the mutation check."""
 

@@ -1,4 +1,5 @@
-"""`modeling.use_plan_free_attention`: a trainer on CUDA keeps sdpa off cuDNN's attention (which plans
+"""`trainers.kernels.install.use_plan_free_attention`: a trainer on CUDA keeps sdpa off cuDNN's attention
+(which plans
 anew for every sequence length: 4.9x slower DPO steps on an H200, docs/benchmarks.md); on the CPU the
 switch is left alone. The switch is a process-wide flag, so each test restores it."""
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from trainers.kernels import varlen_attention
-from trainers.modeling.loading import use_attention_kernels, use_plan_free_attention
+from trainers.kernels.install import use_attention_kernels, use_plan_free_attention
 
 
 @pytest.fixture(autouse=True)

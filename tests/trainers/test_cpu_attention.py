@@ -1,4 +1,5 @@
-"""Training attention on a CPU (trainers/kernels/cpu_attention.py): sdpa's outputs; in bf16, gradients as close
+"""Training attention on a CPU (trainers/kernels/cpu_attention.py): sdpa's outputs; in bf16, gradients as
+close
 to a float32 reference as sdpa's own bf16 gradients, and in float32 sdpa's gradients, causal and under
 packed masks, with grouped key/value heads, over several backward blocks; less kept for backward than
 transformers' sdpa path keeps; the calls it does not take go to sdpa."""
@@ -14,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.trainers.helpers import model_settings
-from trainers.core.precision import autocast_dtype
+from trainers.core.precision import autocast_dtype, computing_in
+from trainers.families.entry import load_model_to_train
 from trainers.kernels import cpu_attention, varlen_attention
-from trainers.modeling.loading import computing_in, load_model
-from trainers.modeling import loading as modeling
+from trainers.kernels import install as kernel_install
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +105,9 @@ def test_a_training_step_on_the_cpu_takes_the_function_of_its_dtype_and_a_step_w
         monkeypatch.setattr(function, "forward", staticmethod(counted))
     ids = torch.randint(3, 60, (2, 11), generator=torch.Generator().manual_seed(2))
     for precision, name in (("bf16", "_BlockedAttention"), ("no", "_FlashAttention")):
-        model = load_model(model_settings(tiny_model_path, mixed_precision=precision), torch.device("cpu"))
+        model = load_model_to_train(
+            model_settings(tiny_model_path, mixed_precision=precision), torch.device("cpu")
+        )
         assert cpu_attention.installed()
         with computing_in(model, autocast_dtype(precision, torch.device("cpu")), torch.device("cpu")):
             model(input_ids=ids, labels=ids).loss.backward()
@@ -139,8 +142,8 @@ def test_a_layer_keeps_its_keys_and_values_unrepeated_under_a_mask(
     the mask for all layers; nothing else differs. (The decoder layers' own saved-tensor
     hooks, trainers/kernels/activation_memory.py, are left out: this test's hooks see only what no inner hook
     takes.)"""
-    monkeypatch.setattr(modeling, "save_less_activation", lambda model: 0)
-    model = load_model(model_settings(tiny_model_path, mixed_precision="no"), torch.device("cpu"))
+    monkeypatch.setattr(kernel_install, "save_less_activation", lambda model: 0)
+    model = load_model_to_train(model_settings(tiny_model_path, mixed_precision="no"), torch.device("cpu"))
     ids = torch.randint(3, 60, (2, 11), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0  # row 1 padded: the model builds a 4-D mask

@@ -31,9 +31,9 @@ from safetensors.torch import load_file
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
 from trainers.core.checkpoint import latest_checkpoint, resumable_checkpoints
-from trainers.families.rl import RewardSet
 from trainers.registry import METHODS, resolve
 from trainers.rewards.graders import build_grader
+from trainers.rewards.reward_set import RewardSet
 
 REL = 1e-5
 # FSDP runs the whole model to its logits where the 1-process run applies the LM head chunk by chunk

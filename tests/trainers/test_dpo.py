@@ -22,8 +22,10 @@ from tests.trainers.helpers import RESUME_RUN, Recorder
 from trainers.core.errors import DataError
 from trainers.core.loop import run_training
 from trainers.data.preference import collate_preferences, tokenize_preference_rows
-from trainers.methods.dpo import DPOConfig, DPOLoss, build_dpo_task, dpo_loss, policy_log_probs, train_dpo
-from trainers.modeling.loading import load_model
+from trainers.families.entry import load_model_to_train
+from trainers.families.reference import policy_log_probs
+from trainers.losses.preference import dpo_loss
+from trainers.methods.dpo import DPOConfig, DPOLoss, build_dpo_task, train_dpo
 
 CITIES = ["Paris", "Lima", "Tokyo", "Dublin", "Rome", "Oslo", "Madrid", "Cairo"]
 
@@ -238,7 +240,7 @@ def test_lora_reference_is_the_adapter_disabled_base_without_a_copy(
     examples = tokenize_preference_rows(separable_rows(12), tokenizer, max_length=64)
     gc.collect()
     before = {id(m) for m in gc.get_objects() if type(m) is LlamaForCausalLM}
-    model = load_model(config, torch.device("cpu"))
+    model = load_model_to_train(config, torch.device("cpu"))
     task = build_dpo_task(config, model, tokenizer, examples)
     gc.collect()
     created = [m for m in gc.get_objects() if type(m) is LlamaForCausalLM and id(m) not in before]
@@ -253,7 +255,7 @@ def test_lora_reference_log_probs_are_the_base_models_while_training(
 ) -> None:
     config = make_config(use_lora=True)
     examples = tokenize_preference_rows(separable_rows(12), tokenizer, max_length=64)
-    model = load_model(config, torch.device("cpu"))
+    model = load_model_to_train(config, torch.device("cpu"))
     task = build_dpo_task(config, model, tokenizer, examples)
     loss = task.loss_fn
     assert isinstance(loss, DPOLoss) and loss.reference is not None
@@ -276,7 +278,7 @@ def test_full_reference_is_a_frozen_copy(
 ) -> None:
     config = make_config(use_lora=False, learning_rate=1e-3, max_steps=3, batch_size=4)
     examples = tokenize_preference_rows(separable_rows(12), tokenizer, max_length=64)
-    model = load_model(config, torch.device("cpu"))
+    model = load_model_to_train(config, torch.device("cpu"))
     task = build_dpo_task(config, model, tokenizer, examples)
     loss = task.loss_fn
     assert isinstance(loss, DPOLoss) and loss.reference is not None
@@ -298,7 +300,7 @@ def test_reference_that_is_the_policy_is_refused(
     examples = tokenize_preference_rows(separable_rows(4), tokenizer, max_length=64)
     for use_lora in (False, True):
         config = make_config(use_lora=use_lora)
-        model = load_model(config, torch.device("cpu"))
+        model = load_model_to_train(config, torch.device("cpu"))
         same = [model, model.get_base_model()] if use_lora else [model]  # the LoRA base shares the weights
         for ref in same:
             with pytest.raises(ValueError, match=r"ref_model=None.*separate copy"):
@@ -333,7 +335,7 @@ def test_precompute_keeps_no_reference_model(
 ) -> None:
     config = make_config(use_lora=False, precompute_ref_log_probs=True, batch_size=4)
     examples = tokenize_preference_rows(separable_rows(6), tokenizer, max_length=64)
-    model = load_model(config, torch.device("cpu"))
+    model = load_model_to_train(config, torch.device("cpu"))
     task = build_dpo_task(config, model, tokenizer, examples)
     assert isinstance(task.loss_fn, DPOLoss) and task.loss_fn.reference is None
     assert all(e.ref_chosen_logp is not None and e.ref_rejected_logp is not None for e in task.train_data)

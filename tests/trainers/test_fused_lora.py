@@ -14,9 +14,9 @@ from peft import PeftModel
 from peft.tuners.lora import Linear as LoraLinear
 
 from tests.trainers.helpers import model_settings
-from trainers.core.precision import autocast_dtype
+from trainers.core.precision import autocast_dtype, computing_in
+from trainers.families.entry import load_classifier_to_train, load_model_to_train
 from trainers.kernels import fused_lora
-from trainers.modeling.loading import computing_in, load_model, load_sequence_classifier
 
 IDS = torch.tensor([[5, 9, 14, 3, 22, 7, 40], [11, 4, 8, 30, 2, 6, 0]])
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]])
@@ -67,7 +67,7 @@ def fused_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_trainers_lora_layers_train_as_peft_computes_them(
     tiny_model_path: Path, fused_calls: list[int]
 ) -> None:
-    model = _with_trained_adapter(load_model(model_settings(tiny_model_path), torch.device("cpu")))
+    model = _with_trained_adapter(load_model_to_train(model_settings(tiny_model_path), torch.device("cpu")))
     plain = _through_peft(model)
 
     loss, grads = _loss_and_gradients(model, None)
@@ -91,7 +91,7 @@ def test_under_bf16_autocast_the_products_run_in_bf16_and_the_adapter_trains_in_
     rounding (peft's own differ from fp32's by more than their size), so here: the dtypes, and the loss
     within bf16's reach of peft's."""
     settings = model_settings(tiny_model_path, mixed_precision="bf16")
-    model = _with_trained_adapter(load_model(settings, torch.device("cpu")))
+    model = _with_trained_adapter(load_model_to_train(settings, torch.device("cpu")))
     plain = _through_peft(model)
     compute = autocast_dtype("bf16", torch.device("cpu"))
     outputs: list[torch.dtype] = []
@@ -109,7 +109,7 @@ def test_a_reward_models_lora_layers_are_fused_and_its_head_trains(
     tiny_model_path: Path, fused_calls: list[int]
 ) -> None:
     model = _with_trained_adapter(
-        load_sequence_classifier(model_settings(tiny_model_path), torch.device("cpu"), pad_token_id=0)
+        load_classifier_to_train(model_settings(tiny_model_path), torch.device("cpu"), pad_token_id=0)
     )
     plain = _through_peft(model)
     scores = model(input_ids=IDS, attention_mask=MASK).logits
@@ -130,7 +130,7 @@ def test_layers_that_are_not_plain_lora_at_a_call_run_peft_forward(
     """A disabled adapter (a DPO reference) gives the base model's outputs, dropout on the adapter's
     input is peft's to apply, and a base layer that trains gets its gradient from peft's forward: none
     of them runs the fused product."""
-    model = _with_trained_adapter(load_model(model_settings(tiny_model_path), torch.device("cpu")))
+    model = _with_trained_adapter(load_model_to_train(model_settings(tiny_model_path), torch.device("cpu")))
     assert isinstance(model, PeftModel)
     base = _through_peft(model)
     with torch.no_grad():
@@ -143,7 +143,7 @@ def test_layers_that_are_not_plain_lora_at_a_call_run_peft_forward(
             torch.testing.assert_close(disabled, base(input_ids=IDS).logits, rtol=0, atol=0)
     assert (adapted - disabled).abs().max() > 0.1
 
-    with_dropout = load_model(model_settings(tiny_model_path, lora_dropout=0.1), torch.device("cpu"))
+    with_dropout = load_model_to_train(model_settings(tiny_model_path, lora_dropout=0.1), torch.device("cpu"))
     with_dropout(input_ids=IDS)
     assert fused_calls == []
 

@@ -1,4 +1,5 @@
-"""The token-by-token sampler behind /v1/chat/completions (trainers/modeling/generation.py), on the tiny model."""
+"""The token-by-token sampler behind /v1/chat/completions (trainers/modeling/generation.py), on the tiny
+model."""
 
 from __future__ import annotations
 

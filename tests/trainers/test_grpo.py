@@ -17,17 +17,19 @@ import trainers.methods.grpo
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_advantages import trl_group_advantages
 from tests.trainers.test_rl_losses import trl_grpo_loss
+from trainers.core.errors import DataError
 from trainers.core.loop import PreparedStep, StopRequest
-from trainers.families.rl import RewardSet
 from trainers.families.rollout import (
+    GRPOBatch,
     RLPrompt,
     completion_logps,
     completion_mask_from_eos,
     generate_rollout,
     tokenize_rl_rows,
 )
-from trainers.methods.grpo import GRPOBatch, GRPOConfig, GRPORollouts, train_grpo
+from trainers.methods.grpo import GRPOConfig, GRPORollouts, train_grpo
 from trainers.rewards.graders import build_grader
+from trainers.rewards.reward_set import RewardSet
 
 PROMPTS = ["The capital of Peru is", "Hello", "What is two plus two?", "Name a color:"]
 ROWS = [{"prompt": p, "answer": "e"} for p in PROMPTS] * 4
@@ -199,7 +201,10 @@ def test_rollout_masks_truncation_seeding_and_columns(
         {"messages": [{"role": "user", "content": "Capital of Peru?"}], "answer": "Lima"},
         {"prompt": "Hi"},
     ]
-    prompts = tokenize_rl_rows(rows, tokenizer, max_prompt_length=64)
+    # a file has one shape (trainers.formats, as the upload validator says): each shape from its own file
+    prompts = [p for row in rows for p in tokenize_rl_rows([row], tokenizer, max_prompt_length=64)]
+    with pytest.raises(DataError, match="line 2: every row must have the messages format of line 1"):
+        tokenize_rl_rows(rows, tokenizer, max_prompt_length=64)
     assert prompts[0].text.endswith("<|assistant|>\n") and prompts[1].text == "<|begin|>Hi"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     # Make EOS likely so that some completions stop early.

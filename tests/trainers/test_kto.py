@@ -24,10 +24,10 @@ from trainers.core.errors import DataError
 from trainers.core.loop import run_training
 from trainers.data.preference import tokenize_preference_rows
 from trainers.data.unpaired import UnpairedExample, collate_unpaired, tokenize_unpaired_rows
+from trainers.families.entry import load_model_to_train
+from trainers.families.reference import Reference
 from trainers.losses.preference import kto_loss
-from trainers.methods.dpo import Reference
 from trainers.methods.kto import KTOConfig, KTOLoss, build_kto_task, train_kto
-from trainers.modeling.loading import load_model
 
 CITIES = ["Paris", "Lima", "Tokyo", "Dublin", "Rome", "Oslo", "Madrid", "Cairo"]
 
@@ -197,10 +197,8 @@ def test_kl_rows_pair_each_prompt_with_the_previous_completion(tokenizer: PreTra
     ("row", "message"),
     [
         ({"prompt": "x", "completion": "y", "label": "yes"}, 'line 2: "label" must be true or false'),
-        (
-            {"prompt": "x", "completion": "y"},
-            "line 2: every row must have the prompt_completion_label format",
-        ),
+        # once the file is unpaired feedback, a row without its label is one missing it (trainers.formats)
+        ({"prompt": "x", "completion": "y"}, 'line 2: "label" must be true or false'),
         ({"messages": [{"role": "user", "content": "x"}], "label": True}, "line 2: every row must have"),
         ({"prompt": "x", "completion": 3, "label": True}, 'line 2: "completion" must be a string'),
     ],
@@ -266,7 +264,7 @@ def test_metrics_average_over_their_own_examples(
     config = make(tiny_model_path, tmp_path, max_steps=1, batch_size=4, learning_rate=1e-2)
     rows = [{**r, "label": True} for r in feedback_rows(3)] + [feedback_rows(2)[1]]
     examples = tokenize_unpaired_rows(rows, tokenizer, max_length=64)
-    model = load_model(config, torch.device("cpu"))
+    model = load_model_to_train(config, torch.device("cpu"))
     task = build_kto_task(config, model, tokenizer, examples)
     out = task.loss_fn(model, task.collate(examples))
     assert out.metric_units == {
@@ -280,7 +278,7 @@ def test_metrics_average_over_their_own_examples(
     assert mixed.steps[0]["logps/chosen"] == pytest.approx(out.metrics["logps/chosen"] / 3, abs=1e-5)
     only_good = Recorder()
     config = replace(config, output_dir=str(tmp_path / "good"))
-    task = build_kto_task(config, load_model(config, torch.device("cpu")), tokenizer, examples[:3])
+    task = build_kto_task(config, load_model_to_train(config, torch.device("cpu")), tokenizer, examples[:3])
     run_training(config, task, only_good)
     assert "rewards/chosen" in only_good.steps[0] and "rewards/rejected" not in only_good.steps[0]
 

@@ -30,8 +30,8 @@ from trainers.core.loop import LossSums, PreparedStep, StopRequest, TrainingTask
 from trainers.core.schedule import lr_multiplier
 from trainers.data.collate import SFTBatch, pad_batch
 from trainers.data.sft import TokenizedExample, tokenize_sft_rows
+from trainers.families.entry import load_model_to_train
 from trainers.methods.sft import SFTConfig, sft_loss
-from trainers.modeling.loading import load_model
 
 CPU = torch.device("cpu")
 
@@ -68,7 +68,7 @@ def _task(
     examples = tokenize_sft_rows(rows, tokenizer, max_length=64)
     collate = partial(pad_batch, pad_token_id=tokenizer.pad_token_id)
     preparer = RepeatingPreparer(collate, repeats) if repeats > 1 else None
-    model = load_model(config, CPU)
+    model = load_model_to_train(config, CPU)
     return TrainingTask(
         model, tokenizer, examples, collate, loss_fn, preparer=preparer, extra_trainable=extra
     )

@@ -13,10 +13,10 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from tests.trainers.helpers import model_settings
+from trainers.families.entry import load_model_to_train
 from trainers.families.rollout import generate_rollout, tokenize_rl_rows
 from trainers.kernels import fused_lora
 from trainers.kernels.merged_lora import merged_lora
-from trainers.modeling.loading import load_model
 
 IDS = torch.tensor([[5, 9, 14, 3, 22, 7], [11, 4, 8, 30, 2, 6]])
 
@@ -25,7 +25,7 @@ def _lora_model(path: Path, precision: str = "no") -> PeftModel:
     """A LoRA model as a run loads it (``bf16``: its frozen base in bf16), with an adapter that
     changes the outputs (``B`` is zero at initialisation)."""
     settings = model_settings(path, lora_r=8, lora_alpha=16, mixed_precision=precision)
-    model = load_model(settings, torch.device("cpu"))
+    model = load_model_to_train(settings, torch.device("cpu"))
     assert isinstance(model, PeftModel)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -38,7 +38,8 @@ def _lora_model(path: Path, precision: str = "no") -> PeftModel:
 
 def _adapter_calls(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Counts the adapters' products: each ``A`` product through peft appends the module's name, each
-    layer's fused product (trainers/kernels/fused_lora.py, how a trainer's model runs them) appends "fused"."""
+    layer's fused product (trainers/kernels/fused_lora.py, how a trainer's model runs them) appends
+    "fused"."""
     calls: list[str] = []
     for name, module in model.named_modules():
         if name.endswith("lora_A.default"):

@@ -1,4 +1,5 @@
-"""The online methods' completion log-probs on real tokens only (``trainers.families.rollout.completion_layout``):
+"""The online methods' completion log-probs on real tokens only
+(``trainers.families.rollout.completion_layout``):
 each row packed, or the prompt shared by consecutive rows run once, with the same log-probs, entropies
 and gradients as the padded forward; GRPO trains on them as it does padded."""
 

@@ -17,9 +17,9 @@ from tests.trainers.helpers import Recorder, assert_packed_trains_as_padded
 from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 from trainers.data.preference import PreferenceBatch, collate_preferences, tokenize_preference_rows
 from trainers.methods.dpo import DPOConfig, train_dpo
-from trainers.methods.reward_model import RewardModelConfig, reward_scores, train_reward_model
+from trainers.methods.reward_model import RewardModelConfig, train_reward_model
 from trainers.modeling import loading as modeling
-from trainers.modeling.loading import pair_packing, runs_packed, target_log_probs
+from trainers.modeling.loading import pair_packing, reward_scores, runs_packed, target_log_probs
 
 # pairs of very different lengths, so that packing puts several sequences in one row
 UNEVEN_ROWS = [

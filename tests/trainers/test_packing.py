@@ -14,8 +14,8 @@ from tests.trainers.helpers import Recorder
 from trainers.data.collate import SFTBatch, pack_batch, pad_batch
 from trainers.data.packing import best_fit_decreasing
 from trainers.data.sft import TokenizedExample, tokenize_sft_rows
-from trainers.losses.causal_lm import IGNORE_INDEX, target_positions, token_cross_entropy
 from trainers.losses import causal_lm as losses
+from trainers.losses.causal_lm import IGNORE_INDEX, target_positions, token_cross_entropy
 from trainers.methods import sft
 from trainers.methods.sft import SFTConfig, sft_loss, train_sft
 from trainers.modeling import loading as modeling

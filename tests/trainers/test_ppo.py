@@ -23,7 +23,6 @@ import trainers.methods.ppo
 from tests.trainers.helpers import Recorder
 from tests.trainers.test_grpo import HAS_E_SET, ROWS, CopyCounter
 from trainers.core.loop import StopRequest
-from trainers.families.rl import RewardSet
 from trainers.families.rollout import RLPrompt, completion_logps
 from trainers.methods.ppo import (
     PPOBatch,
@@ -32,6 +31,7 @@ from trainers.methods.ppo import (
     train_ppo,
 )
 from trainers.rewards.graders import ScoreModel
+from trainers.rewards.reward_set import RewardSet
 
 PPO_KEYS = {"policy_loss", "value_loss", "approx_kl", "clip_fraction", "entropy", "kl", "score", "returns"}
 

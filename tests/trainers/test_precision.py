@@ -21,9 +21,9 @@ from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
 from trainers.core.errors import DataError
 from trainers.core.precision import PRECISIONS, autocast_dtype
+from trainers.families.entry import load_model_to_train
 from trainers.methods.dpo import DPOConfig, train_dpo
 from trainers.methods.sft import SFTConfig, train_sft
-from trainers.modeling.loading import load_model
 
 
 def test_the_cpu_autocasts_only_an_explicit_bf16() -> None:
@@ -137,7 +137,7 @@ def test_bf16_dpo_on_cpu_follows_the_fp32_run(tiny_model_path: Path, tmp_path: P
 def test_a_bf16_lora_run_keeps_its_frozen_base_in_bf16_and_its_adapter_in_fp32(
     make_config: Callable[..., SFTConfig],
 ) -> None:
-    model = load_model(make_config(mixed_precision="bf16"), torch.device("cpu"))
+    model = load_model_to_train(make_config(mixed_precision="bf16"), torch.device("cpu"))
     assert isinstance(model, PeftModel)
     trained = {p.dtype for p in model.parameters() if p.requires_grad}
     frozen = {p.dtype for p in model.parameters() if not p.requires_grad}

@@ -1,4 +1,5 @@
-"""Reference log-probs kept between DPO runs (trainers/families/reference_cache.py): a later run on the same pairs
+"""Reference log-probs kept between DPO runs (trainers/families/reference_cache.py): a later run on the same
+pairs
 and reference reads them instead of scoring the pairs again, and anything the log-probs depend on
 changes the entry's key."""
 
@@ -19,9 +20,10 @@ from tests.trainers.helpers import Recorder
 from tests.trainers.test_dpo import separable_rows
 from trainers.data.packing import PairPacking
 from trainers.data.preference import PreferenceExample, tokenize_preference_rows
+from trainers.families.entry import load_model_to_train
+from trainers.families.reference import Reference
 from trainers.families.reference_cache import MAX_ENTRIES, ReferenceCache, reference_key
-from trainers.methods.dpo import DPOConfig, Reference, Scoring, scoring_message, train_dpo
-from trainers.modeling.loading import load_model
+from trainers.methods.dpo import DPOConfig, Scoring, scoring_message, train_dpo
 
 RUN = {"use_lora": True, "precompute_ref_log_probs": True, "max_steps": 3, "batch_size": 4}
 
@@ -85,7 +87,7 @@ def test_the_key_changes_with_what_the_log_probs_depend_on_and_nothing_else(
     make_config: Callable[..., DPOConfig],
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    model = load_model(make_config(use_lora=True), torch.device("cpu"))
+    model = load_model_to_train(make_config(use_lora=True), torch.device("cpu"))
     reference = Reference(model, disable_adapter=True)
     examples = _examples(tokenizer)
 

@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from service.files.validation import FileFormat
 from service.jobs.spec import Method
 from tests.trainers.helpers import Recorder, small_config
 from trainers.core.config import TrainingConfig
 from trainers.core.errors import DataError
 from trainers.families.entry import TrainEntry
-from trainers.families.rl import RewardSet
+from trainers.formats import FileFormat
 from trainers.method_docs import FORMAT_SHAPES, render
 from trainers.registry import LOOP_METRICS, METHODS, Hyperparameter, resolve
+from trainers.rewards.reward_set import RewardSet
 
 GRADER = {"type": "string_check", "operation": "eq", "input": "{{sample.output_text}}", "reference": "a"}
 # set by the worker, not hyperparameters (keep_checkpoints: the deployment's TUNEHOUSE_CHECKPOINT_KEEP)
@@ -55,7 +55,8 @@ ROWS: dict[str, list[dict[str, Any]]] = {
 def test_the_service_reads_the_registry_without_torch() -> None:
     code = (
         # trainers.rewards.graders too: the graders API (service/graders) runs graders in the API process
-        "import sys, service.app, service.jobs.spec, trainers.registry, trainers.rewards.formula, trainers.rewards.graders; "
+        "import sys, service.app, service.jobs.spec, trainers.registry, trainers.rewards.formula; "
+        "import trainers.rewards.graders; "
         "print(sorted(m for m in ('torch', 'transformers', 'worker') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

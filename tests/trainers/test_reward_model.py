@@ -21,14 +21,13 @@ from trainers.data.preference import collate_preferences, tokenize_preference_ro
 from trainers.families.rollout import tokenize_rl_rows
 from trainers.methods.reward_model import (
     RewardModelConfig,
-    load_reward_scorer,
     pairwise_loss,
     reward_model_loss,
-    reward_scores,
     train_reward_model,
 )
-from trainers.modeling.loading import load_tokenizer
+from trainers.modeling.loading import load_tokenizer, reward_scores
 from trainers.rewards.graders import build_grader
+from trainers.rewards.scorer import load_reward_scorer
 
 CITIES = ["Paris", "Lima", "Tokyo", "Dublin", "Rome", "Oslo", "Madrid", "Cairo"]
 

@@ -16,11 +16,12 @@ import torch
 from tests.trainers.helpers import Recorder, small_config
 from trainers.core.errors import DataError
 from trainers.data.example_store import ExampleStore
-from trainers.families.rl import RewardSet, completion_metrics, reward_evaluator
+from trainers.families.rl import completion_metrics, reward_evaluator
 from trainers.families.rollout import tokenize_rl_rows
 from trainers.methods.grpo import GRPOConfig, train_grpo
 from trainers.registry import METHODS, resolve
 from trainers.rewards.graders import build_grader
+from trainers.rewards.reward_set import RewardSet
 
 RL_METHODS = [n for n, m in METHODS.items() if m.grader and n != "reinforcement"]  # reinforcement is GRPO
 ROWS = [{"prompt": p, "answer": "e"} for p in ("The capital of Peru is", "Hello", "Name a color:")] * 4

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainers.helpers import Recorder
+from trainers.families.entry import load_model_to_train
 from trainers.methods.sft import SFTConfig, train_sft
 
 STEP_KEYS = {
@@ -168,9 +169,9 @@ def test_gradient_checkpointing_is_enabled(
 ) -> None:
     from peft import PeftModel
 
-    from trainers.modeling.loading import load_model
-
     for use_lora in (True, False):
-        model = load_model(make_config(use_lora=use_lora, gradient_checkpointing=True), torch.device("cpu"))
+        model = load_model_to_train(
+            make_config(use_lora=use_lora, gradient_checkpointing=True), torch.device("cpu")
+        )
         base = model.get_base_model() if isinstance(model, PeftModel) else model
         assert base.is_activation_checkpointing and not base.config.use_cache

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from tests.trainers.test_dpo import separable_rows
 from trainers.data.preference import PreferenceBatch, collate_preferences, tokenize_preference_rows
 from trainers.families.pairs import pair_forward
-from trainers.losses.causal_lm import IGNORE_INDEX, token_cross_entropy
 from trainers.losses import causal_lm as losses
+from trainers.losses.causal_lm import IGNORE_INDEX, token_cross_entropy
 from trainers.modeling import loading as modeling
 from trainers.modeling.loading import row_sums, target_log_probs
 

@@ -1,4 +1,5 @@
-"""``trainers.kernels.varlen_attention``: packed sequences' attention from their bounds equals the block-diagonal
+"""``trainers.kernels.varlen_attention``: packed sequences' attention from their bounds equals the
+block-diagonal
 masked attention transformers builds from their position ids.
 
 The variable-length kernel is CUDA's only. On the CPU these tests run the module's CPU branch, which

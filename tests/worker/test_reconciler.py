@@ -22,10 +22,10 @@ from service.jobs import dispatch
 from service.jobs.dispatch import queued_values, reconcile, send_after_commit
 from service.migrate import upgrade_head
 from service.models import Job, JobEvent, Tenant
-from tests.conftest import REDIS, free_port
+from tests.conftest import free_port, redis_db
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
 
-BROKER = f"{REDIS}/11"
+BROKER = redis_db(4)
 
 
 @pytest.fixture

@@ -61,7 +61,8 @@ _strategy = "ddp"
 
 
 def strategy() -> str:
-    """How the ranks share the model: ``ddp`` (each holds it whole) or ``fsdp`` (``trainers.core.sharding``)."""
+    """How the ranks share the model: ``ddp`` (each holds it whole) or ``fsdp``
+    (``trainers.core.sharding``)."""
     return _strategy
 
 

@@ -47,9 +47,8 @@ from trainers.core.checkpoint import (
     restore_training_state,
     save_checkpoint,
 )
-from trainers.core.precision import autocast_dtype
+from trainers.core.precision import autocast_dtype, computing_in
 from trainers.core.schedule import build_scheduler
-from trainers.modeling.loading import computing_in
 
 __all__ = [
     "Batch",
@@ -158,7 +157,8 @@ class TrainingTask(Generic[E, B]):
     batches. ``extra_trainable``: a module trained with ``model`` (same optimizer) that is saved in
     resumable checkpoints but never exported (PPO's value head). ``evaluate``: a validation pass of its
     own that replaces the loss on ``valid_data`` (the online methods sample and grade the validation
-    prompts, ``trainers.families.rl.reward_evaluator``); it gets the model and returns the eval row's ``valid_*``
+    prompts, ``trainers.families.rl.reward_evaluator``); it gets the model and returns the eval row's
+    ``valid_*``
     metrics, and must leave the global RNG as it found it (resumed runs stay exact).
     """
 

@@ -4,7 +4,12 @@ turn autocast off around their products, must cast to themselves)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+from peft import PeftModel
+from peft.helpers import disable_input_dtype_casting
 
 from trainers.registry import choices
 
@@ -36,3 +41,20 @@ def product_dtype(device_type: str, otherwise: torch.dtype) -> torch.dtype:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return otherwise
+
+
+@contextmanager
+def computing_in(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device) -> Iterator[None]:
+    """The model's forwards under autocast to ``dtype`` (none: as they are). Its LoRA layers then take
+    their inputs as they come: peft casts a LoRA layer's input to the adapter's dtype (fp32) and autocast
+    casts it back for the product, an exact round trip that cost a SmolLM2 step one copy of every
+    adapted layer's input, and kept the copy for backward in place of the input itself (which
+    ``trainers.kernels.activation_memory`` then could not rebuild instead of keeping)."""
+    if dtype is None:
+        yield
+        return
+    with (
+        torch.autocast(device.type, dtype=dtype),
+        disable_input_dtype_casting(model, isinstance(model, PeftModel)),
+    ):
+        yield

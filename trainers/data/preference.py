@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import Any
 
 import torch
@@ -32,26 +31,20 @@ from transformers import PreTrainedTokenizerBase
 from trainers.core.errors import DataError
 from trainers.data.example_store import ExampleStore, ExampleWriter
 from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
-from trainers.data.sft import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
+from trainers.data.sft import _bos_text, _eos_text, first_row_kind, row_errors, rows_of_kind
+from trainers.formats import FileFormat, Shape
 
 __all__ = [
     "PreferenceBatch",
     "PreferenceExample",
-    "PreferenceFormat",
     "SequenceRows",
     "collate_preferences",
-    "detect_preference_format",
     "encode_prompt_completion",
     "pad_sequences",
     "prompt_completion_texts",
     "stack_rows",
     "tokenize_preference_rows",
 ]
-
-
-class PreferenceFormat(StrEnum):
-    OPENAI = "openai"  # input.messages + preferred_output + non_preferred_output
-    PROMPT_CHOSEN_REJECTED = "prompt_chosen_rejected"
 
 
 @dataclass(frozen=True)
@@ -69,14 +62,6 @@ class PreferenceExample:
         return replace(self, ref_chosen_logp=chosen, ref_rejected_logp=rejected)
 
 
-def detect_preference_format(row: Mapping[str, Any]) -> PreferenceFormat | None:
-    if "input" in row and "preferred_output" in row and "non_preferred_output" in row:
-        return PreferenceFormat.OPENAI
-    if "prompt" in row and "chosen" in row and "rejected" in row:
-        return PreferenceFormat.PROMPT_CHOSEN_REJECTED
-    return None
-
-
 def tokenize_preference_rows(
     rows: Sequence[Mapping[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
@@ -87,18 +72,18 @@ def tokenize_preference_rows(
 ) -> ExampleStore[PreferenceExample]:
     """Tokenize and truncate ``rows`` into an on-disk store; raise ``DataError`` (with ``param``) when no
     usable pair remains."""
-    fmt = first_row_format(
+    kind = first_row_kind(
         rows,
-        detect_preference_format,
+        frozenset({FileFormat.PREFERENCE}),
         expected='{"input", "preferred_output", "non_preferred_output"} or {"prompt", "chosen", "rejected"}',
         param=param,
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     examples = ExampleWriter(PreferenceExample)
     n_truncated_away = 0
-    for line, row in rows_in_format(rows, detect_preference_format, fmt, param=param):
-        with row_errors(line, fmt, param=param):
-            prompt, chosen, rejected = _texts(row, fmt, tokenizer, bos, eos)
+    for line, row in rows_of_kind(rows, kind, param=param):
+        with row_errors(line, kind, param=param):
+            prompt, chosen, rejected = _texts(row, kind.shape, tokenizer, bos, eos)
             margin = _margin(row.get("margin", 0.0))
         prompt_ids = _encode(tokenizer, prompt)
         chosen_ids, rejected_ids = _encode(tokenizer, chosen), _encode(tokenizer, rejected)
@@ -278,10 +263,10 @@ def collate_preferences(
 
 
 def _texts(
-    row: Mapping[str, Any], fmt: PreferenceFormat, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
+    row: Mapping[str, Any], shape: Shape | None, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
 ) -> tuple[str, str, str]:
     """(prompt, chosen completion, rejected completion) as text."""
-    if fmt is PreferenceFormat.OPENAI:
+    if shape is Shape.OPENAI_PREFERENCE:
         source = row["input"]
         if not isinstance(source, Mapping):
             raise DataError('"input" must be an object with "messages"')

@@ -1,6 +1,7 @@
 """Turn SFT rows into token ids plus a per-token loss mask.
 
-Three row formats, detected from the first row and required of every row:
+Three row formats (``trainers.formats``: the rule the upload validator uses too), detected from the first
+row and required of every row:
 
 - chat ``{"messages": [...]}``: loss on assistant turns only; an assistant message with ``"weight": 0``
   gets no loss. The trainable spans are found by rendering the chat template incrementally (the prompt
@@ -16,23 +17,17 @@ Examples are truncated to ``max_length``; those left with no trainable token are
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from trainers.core.errors import DataError
 from trainers.data.example_store import ExampleStore, ExampleWriter
-
-
-class RowFormat(StrEnum):
-    CHAT = "chat"
-    PROMPT_COMPLETION = "prompt_completion"
-    TEXT = "text"
+from trainers.formats import SFT_FORMATS, FileFormat, Shape, detect, shape
 
 
 @dataclass(frozen=True)
@@ -50,43 +45,43 @@ class TokenizedExample:
 Segment = tuple[str, bool]  # (text, trainable)
 
 
-def detect_format(row: Mapping[str, Any]) -> RowFormat | None:
-    if "messages" in row:
-        return RowFormat.CHAT
-    if "prompt" in row and "completion" in row:
-        return RowFormat.PROMPT_COMPLETION
-    if "text" in row:
-        return RowFormat.TEXT
-    return None
+@dataclass(frozen=True)
+class RowKind:
+    """A file's format (``trainers.formats``) and, for the formats with two shapes, its shape: its first
+    row's, required of every row."""
+
+    format: FileFormat
+    shape: Shape | None
+
+    def __str__(self) -> str:
+        return self.format.value if self.shape is None else self.shape.value
 
 
-FormatT = TypeVar("FormatT", bound=StrEnum)
-
-
-def first_row_format(
-    rows: Sequence[Any], detect: Callable[[Mapping[str, Any]], FormatT | None], *, expected: str, param: str
-) -> FormatT:
-    """The format of ``rows[0]``; ``DataError`` when there is no row or line 1 has none of ``expected``."""
+def first_row_kind(
+    rows: Sequence[Any], accepted: frozenset[FileFormat], *, expected: str, param: str
+) -> RowKind:
+    """The kind of ``rows[0]``; ``DataError`` when there is no row or line 1 has none of ``accepted``."""
     if not rows:
         raise DataError("the file has no examples", param=param)
     fmt = detect(rows[0]) if isinstance(rows[0], Mapping) else None
-    if fmt is None:
+    if fmt is None or fmt not in accepted:
         raise DataError(f"line 1: expected {expected}", param=param)
-    return fmt
+    return RowKind(fmt, shape(fmt, rows[0]))
 
 
-def rows_in_format(
-    rows: Sequence[Any], detect: Callable[[Mapping[str, Any]], FormatT | None], fmt: FormatT, *, param: str
+def rows_of_kind(
+    rows: Sequence[Any], kind: RowKind, *, param: str
 ) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    """``(line, row)`` for each row (lines from 1); ``DataError`` on reaching a row not in ``fmt``."""
+    """``(line, row)`` for each row (lines from 1); ``DataError`` on reaching a row not of ``kind``."""
     for line, row in enumerate(rows, start=1):
-        if not isinstance(row, Mapping) or detect(row) is not fmt:
-            raise DataError(f"line {line}: every row must have the {fmt.value} format of line 1", param=param)
+        fmt = detect(row, kind.format) if isinstance(row, Mapping) else None
+        if fmt is not kind.format or shape(fmt, row) is not kind.shape:
+            raise DataError(f"line {line}: every row must have the {kind} format of line 1", param=param)
         yield line, row
 
 
 @contextmanager
-def row_errors(line: int, fmt: StrEnum, *, param: str) -> Iterator[None]:
+def row_errors(line: int, kind: RowKind, *, param: str) -> Iterator[None]:
     """Re-raise what a malformed row raises (``DataError``, or the template's errors) as a ``DataError``
     naming the line."""
     try:
@@ -94,7 +89,7 @@ def row_errors(line: int, fmt: StrEnum, *, param: str) -> Iterator[None]:
     except DataError as exc:
         raise DataError(f"line {line}: {exc.message}", param=param) from exc
     except (TypeError, KeyError, TemplateError) as exc:  # the template may reject e.g. the role order
-        raise DataError(f"line {line}: malformed {fmt.value} row ({exc})", param=param) from exc
+        raise DataError(f"line {line}: malformed {kind} row ({exc})", param=param) from exc
 
 
 def tokenize_sft_rows(
@@ -106,15 +101,15 @@ def tokenize_sft_rows(
 ) -> ExampleStore[TokenizedExample]:
     """Tokenize, mask, truncate and filter ``rows`` into an on-disk store; raise ``DataError`` if nothing
     trainable remains."""
-    fmt = first_row_format(
-        rows, detect_format, expected='{"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
+    kind = first_row_kind(
+        rows, SFT_FORMATS, expected='{"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     examples = ExampleWriter(TokenizedExample)
     n_truncated_away = 0
-    for line, row in rows_in_format(rows, detect_format, fmt, param=param):
-        with row_errors(line, fmt, param=param):
-            full = _tokenize(_segments(row, fmt, tokenizer, bos, eos), tokenizer)
+    for line, row in rows_of_kind(rows, kind, param=param):
+        with row_errors(line, kind, param=param):
+            full = _tokenize(_segments(row, kind.format, tokenizer, bos, eos), tokenizer)
         example = TokenizedExample(full.input_ids[:max_length], full.loss_mask[:max_length])
         if example.n_trainable > 0:
             examples.append(example)
@@ -133,11 +128,11 @@ def tokenize_sft_rows(
 
 
 def _segments(
-    row: Mapping[str, Any], fmt: RowFormat, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
+    row: Mapping[str, Any], fmt: FileFormat, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
 ) -> list[Segment]:
-    if fmt is RowFormat.CHAT:
+    if fmt is FileFormat.CHAT:
         return chat_segments(row["messages"], tokenizer)
-    if fmt is RowFormat.TEXT:
+    if fmt is FileFormat.TEXT:
         return [(bos, False), (_require_str(row["text"], "text") + eos, True)]
     prompt, completion = row["prompt"], row["completion"]
     if isinstance(prompt, list) and isinstance(completion, list):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import Any
 
 import torch
@@ -38,26 +37,19 @@ from trainers.data.packing import PackedLayout
 from trainers.data.preference import (
     SequenceRows,
     _encode,
-    detect_preference_format,
     pad_sequences,
     prompt_completion_texts,
     tokenize_preference_rows,
 )
-from trainers.data.sft import _bos_text, _eos_text, first_row_format, row_errors, rows_in_format
+from trainers.data.sft import _bos_text, _eos_text, first_row_kind, row_errors, rows_of_kind
+from trainers.formats import FileFormat, Shape, detect
 
 __all__ = [
     "UnpairedBatch",
     "UnpairedExample",
-    "UnpairedFormat",
     "collate_unpaired",
-    "detect_unpaired_format",
     "tokenize_unpaired_rows",
 ]
-
-
-class UnpairedFormat(StrEnum):
-    PROMPT_COMPLETION_LABEL = "prompt_completion_label"
-    MESSAGES_LABEL = "messages_label"
 
 
 @dataclass(frozen=True)
@@ -65,16 +57,6 @@ class UnpairedExample:
     prompt_ids: list[int]
     completion_ids: list[int]  # completion tokens only
     label: bool  # True: desirable
-
-
-def detect_unpaired_format(row: Mapping[str, Any]) -> UnpairedFormat | None:
-    if "label" not in row:
-        return None
-    if "prompt" in row and "completion" in row:
-        return UnpairedFormat.PROMPT_COMPLETION_LABEL
-    if "messages" in row:
-        return UnpairedFormat.MESSAGES_LABEL
-    return None
 
 
 def tokenize_unpaired_rows(
@@ -91,7 +73,7 @@ def tokenize_unpaired_rows(
     Preference pairs are accepted too, unpaired as TRL's KTO does: each pair gives a desirable example
     (the chosen completion) and an undesirable one (the rejected completion), with the same prompt.
     """
-    if rows and isinstance(rows[0], Mapping) and detect_preference_format(rows[0]) is not None:
+    if rows and isinstance(rows[0], Mapping) and detect(rows[0]) is FileFormat.PREFERENCE:
         pairs = tokenize_preference_rows(
             rows, tokenizer, max_length=max_length, max_prompt_length=max_prompt_length, param=param
         )
@@ -100,21 +82,21 @@ def tokenize_unpaired_rows(
             unpaired.append(UnpairedExample(pair.prompt_ids, pair.chosen_ids, True))
             unpaired.append(UnpairedExample(pair.prompt_ids, pair.rejected_ids, False))
         return unpaired.finish()
-    fmt = first_row_format(
+    kind = first_row_kind(
         rows,
-        detect_unpaired_format,
+        frozenset({FileFormat.UNPAIRED_PREFERENCE}),
         expected='{"prompt", "completion", "label"} or {"messages", "label"}',
         param=param,
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     examples = ExampleWriter(UnpairedExample)
     n_truncated_away = 0
-    for line, row in rows_in_format(rows, detect_unpaired_format, fmt, param=param):
-        with row_errors(line, fmt, param=param):
-            label = row["label"]
+    for line, row in rows_of_kind(rows, kind, param=param):
+        with row_errors(line, kind, param=param):
+            label = row.get("label")  # a row without one is unpaired feedback missing its label
             if not isinstance(label, bool):
                 raise DataError('"label" must be true or false')
-            prompt, completion = _prompt_and_completion(row, fmt)
+            prompt, completion = _prompt_and_completion(row, kind.shape)
             prompt_text, [completion_text] = prompt_completion_texts(
                 tokenizer, prompt, {"completion": completion}, bos=bos, eos=eos
             )
@@ -139,8 +121,8 @@ def tokenize_unpaired_rows(
     return examples.finish()
 
 
-def _prompt_and_completion(row: Mapping[str, Any], fmt: UnpairedFormat) -> tuple[Any, Any]:
-    if fmt is UnpairedFormat.PROMPT_COMPLETION_LABEL:
+def _prompt_and_completion(row: Mapping[str, Any], shape: Shape | None) -> tuple[Any, Any]:
+    if shape is Shape.PROMPT_COMPLETION_LABEL:
         return row["prompt"], row["completion"]
     messages = row["messages"]
     if not isinstance(messages, list) or len(messages) < 2:

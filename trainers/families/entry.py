@@ -3,7 +3,8 @@ entry), and the steps each of them starts with.
 
     train_x(config, train_rows, valid_rows=None, callbacks=None, *, rewards=None) -> TrainResult
 
-``rewards`` (a ``trainers.families.rl.RewardSet``) is required by the methods the registry marks ``grader`` and
+``rewards`` (a ``trainers.rewards.reward_set.RewardSet``) is required by the methods the registry marks
+``grader`` and
 refused by the others, so the worker calls every method the same way.
 """
 
@@ -12,17 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import TrainingConfig
 from trainers.core.errors import DataError
 from trainers.core.rng import seed_everything
-from trainers.modeling.loading import load_tokenizer
+from trainers.kernels.install import install_kernels
+from trainers.modeling.loading import ModelSettings, load_model, load_sequence_classifier, load_tokenizer
 from trainers.registry import get_method
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 Rows = Sequence[Mapping[str, Any]]
 T = TypeVar("T")
@@ -60,3 +63,17 @@ def tokenize_splits(
     """``tokenize(rows, param=...)`` on the training rows and, when given, the validation rows."""
     train = tokenize(train_rows, param="training_file")
     return train, tokenize(valid_rows, param="validation_file") if valid_rows else None
+
+
+def load_model_to_train(settings: ModelSettings, device: torch.device) -> torch.nn.Module:
+    """The model a method trains: loaded (``trainers.modeling.loading.load_model``), then the job's kernels
+    installed on it in one explicit call (``trainers.kernels.install.install_kernels``)."""
+    return install_kernels(load_model(settings, device), settings, device)
+
+
+def load_classifier_to_train(
+    settings: ModelSettings, device: torch.device, *, pad_token_id: int
+) -> torch.nn.Module:
+    """``load_model_to_train`` for a sequence classifier (a reward model)."""
+    model = load_sequence_classifier(settings, device, pad_token_id=pad_token_id)
+    return install_kernels(model, settings, device)

@@ -21,11 +21,11 @@ from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import TrainingConfig
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.preference import PreferenceBatch, collate_preferences, tokenize_preference_rows
-from trainers.families.entry import Rows, begin_training, tokenize_splits
-from trainers.modeling.loading import load_model, pair_packing, pick_device, row_sums, target_log_probs
+from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
+from trainers.modeling.loading import pair_packing, pick_device, row_sums, target_log_probs
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ ModelLoader = Callable[[PairConfig, torch.device, int], torch.nn.Module]
 
 def causal_lm(config: PairConfig, device: torch.device, pad_token_id: int) -> torch.nn.Module:
     del pad_token_id  # the tokenizer's, already in the model's config
-    return load_model(config, device)
+    return load_model_to_train(config, device)
 
 
 def train_on_pairs(

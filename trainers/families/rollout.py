@@ -35,7 +35,8 @@ from trainers.core.errors import DataError
 from trainers.core.loop import PreparedStep
 from trainers.data.example_store import ExampleWriter
 from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
-from trainers.data.sft import _bos_text
+from trainers.data.sft import _bos_text, first_row_kind, rows_of_kind
+from trainers.formats import FileFormat, Shape
 from trainers.kernels.merged_lora import merged_lora
 from trainers.modeling.generation import SamplingProcessor, contiguous_head_input
 from trainers.modeling.loading import decoder_and_head, packed_hidden_states, pair_packing
@@ -58,15 +59,18 @@ def tokenize_rl_rows(
     param: str = "training_file",
 ) -> Sequence[RLPrompt]:
     """Render and tokenize prompts; longer prompts keep their last ``max_prompt_length`` tokens. They are
-    written to disk as they come (``trainers.data.example_store``): a large prompt file does not live in RAM."""
-    if not rows:
-        raise DataError("the file has no examples", param=param)
+    written to disk as they come (``trainers.data.example_store``): a large prompt file does not live in
+    RAM."""
+    kind = first_row_kind(
+        rows,
+        frozenset({FileFormat.PROMPT_ONLY}),
+        expected='{"messages": [...]} not ending with an assistant message, or {"prompt": str}',
+        param=param,
+    )
     bos = _bos_text(tokenizer)
     prompts = ExampleWriter(RLPrompt)
-    for line, row in enumerate(rows, start=1):
-        if not isinstance(row, Mapping):
-            raise DataError(f"line {line}: expected an object", param=param)
-        if "messages" in row:
+    for line, row in rows_of_kind(rows, kind, param=param):
+        if kind.shape is Shape.MESSAGES:
             messages = row["messages"]
             if not isinstance(messages, list) or not messages:
                 raise DataError(f'line {line}: "messages" must be a non-empty list', param=param)
@@ -80,7 +84,7 @@ def tokenize_rl_rows(
             text = bos + row["prompt"]
             columns = {k: v for k, v in row.items() if k != "prompt"}
         else:
-            raise DataError(f'line {line}: expected {{"messages": [...]}} or {{"prompt": str}}', param=param)
+            raise DataError(f'line {line}: "prompt" must be a string', param=param)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][-max_prompt_length:]
         if not ids:
             raise DataError(f"line {line}: the prompt is empty", param=param)
@@ -502,3 +506,19 @@ class ReusedRollout(Generic[BatchT]):
         if state:
             batches: list[dict[str, Any]] = state["batches"]
             self.current = PreparedStep([self.batch_type(**b) for b in batches], dict(state["metrics"]))
+
+
+@dataclass
+class GRPOBatch(RolloutBatch):
+    """One micro-batch of a rollout: [N, P] prompts, [N, C] completions, [N] advantages."""
+
+    # completion_mask is the loss mask: zero for truncated completions if they are masked
+    advantages: torch.Tensor
+    old_logps: torch.Tensor | None  # π_old when num_iterations > 1; else the current policy, detached
+    ref_logps: torch.Tensor | None  # when beta > 0
+    loss_units: int  # this micro-batch's share of the step's loss denominator
+    metric_scale: float  # step loss units / step completion tokens: token sums / units = token means
+
+    @property
+    def loss_denominator(self) -> int:
+        return self.loss_units

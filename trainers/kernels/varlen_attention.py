@@ -13,7 +13,7 @@ attention call. ``install`` puts ``attention_forward`` in transformers' registry
 arguments, on a device in ``VARLEN_DEVICES``, it runs the variable-length kernel; otherwise transformers'
 own sdpa, unchanged (generation, the pair methods' shared-prompt masks, every CPU run). Replacing the
 registry's entry is process-wide: a trainer process trains one job, so the switch is its own (as
-``modeling.use_plan_free_attention``'s).
+``trainers.kernels.install.use_plan_free_attention``'s).
 
 The kernel is CUDA's only. ``segment_attention``'s CPU branch computes the same thing sequence by
 sequence with sdpa, so that tests on a CPU check everything but the kernel call: the bounds, the layout

@@ -3,7 +3,7 @@
 Each takes per-sequence completion log-probabilities, log π(y|x) summed (or averaged, where the method
 length-normalises) over the completion tokens, and returns per-example losses, the loss to *minimise*,
 with detached implicit rewards for the metrics. DPO's loss, which needs a reference model, is
-``trainers.methods.dpo.dpo_loss``; KTO also needs one, but gets its log-ratios already computed.
+``trainers.losses.preference.dpo_loss``; KTO also needs one, but gets its log-ratios already computed.
 
 >>> import torch
 >>> losses, _, _, _ = odds_ratio_loss(torch.tensor([-0.5]), torch.tensor([-0.5]), beta=1.0)
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from trainers.registry import choices
 
 CPO_LOSS_TYPES = choices("cpo", "loss_type")
+DPO_LOSS_TYPES = choices("dpo", "loss_type")
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -108,3 +109,48 @@ def kto_loss(
     chosen = desirable_weight * (1 - torch.sigmoid(beta * (chosen_logratios - kl)))
     rejected = undesirable_weight * (1 - torch.sigmoid(beta * (kl - rejected_logratios)))
     return chosen, rejected
+
+
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    *,
+    beta: float,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair preference losses and implicit rewards.
+
+    All inputs are [B] summed completion log-probs, log π(y|x); returns (losses, chosen_rewards,
+    rejected_rewards), each [B], the rewards β·(log π_θ(y|x) - log π_ref(y|x)) detached. With
+    h = (log π_θ(y_w) - log π_ref(y_w)) - (log π_θ(y_l) - log π_ref(y_l)):
+
+    - ``sigmoid``: -log σ(β h), DPO (Rafailov et al. 2023, eq. 7); with label smoothing ε,
+      -(1-ε) log σ(β h) - ε log σ(-β h), conservative DPO (Mitchell 2023).
+    - ``ipo``: (h - 1/(2β))², IPO (Azar et al. 2023, eq. 17, β = τ). Given ``chosen_lengths`` and
+      ``rejected_lengths`` ([B] completion token counts) each log-ratio is divided by its length first,
+      the normalisation the IPO authors used for the paper's results (and TRL does).
+    - ``hinge``: max(0, 1 - β h), SLiC-HF (Zhao et al. 2023, eq. 1 with δ = 1/β).
+    """
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    if loss_type == "sigmoid":
+        h = chosen_logratios - rejected_logratios
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "ipo":
+        if chosen_lengths is not None and rejected_lengths is not None:
+            h = chosen_logratios / chosen_lengths.clamp(min=1) - rejected_logratios / rejected_lengths.clamp(
+                min=1
+            )
+        else:
+            h = chosen_logratios - rejected_logratios
+        losses = (h - 1 / (2 * beta)) ** 2
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * (chosen_logratios - rejected_logratios))
+    else:
+        raise ValueError(f"loss_type must be one of {DPO_LOSS_TYPES}, not {loss_type!r}")
+    return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()

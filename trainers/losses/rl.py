@@ -8,7 +8,7 @@ The advantages they weight come from ``trainers.losses.advantages``.
 - GRPO: the clipped surrogate per token with a k3 KL to the reference, normalised by ``loss_type``;
 - PPO: the clipped policy and value losses per token;
 - RLOO: the clipped REINFORCE surrogate on whole sequences;
-- online DPO: ``trainers.methods.dpo.dpo_loss`` on the judged pairs.
+- online DPO: ``trainers.losses.preference.dpo_loss`` on the judged pairs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from trainers.losses.advantages import JudgedPairs
-from trainers.methods.dpo import dpo_loss
+from trainers.losses.preference import dpo_loss
 from trainers.registry import choices
 
 GRPO_LOSS_TYPES = choices("grpo", "loss_type")
@@ -302,7 +302,8 @@ def online_dpo_loss(
 
     logps, ref_logps: [2B] summed completion log-probs log π(y|x) under the policy and the reference;
     ``pairs`` from ``judge_pairs``. Returns (losses, chosen_rewards, rejected_rewards), each [B], with
-    ``trainers.methods.dpo.dpo_loss`` on (y_w, y_l) (``sigmoid``: -log σ(β h); ``ipo``: (h - 1/(2β))², h the
+    ``trainers.losses.preference.dpo_loss`` on (y_w, y_l) (``sigmoid``: -log σ(β h); ``ipo``: (h - 1/(2β))²,
+    h the
     difference of log-ratios, unnormalised); an unjudged pair's loss is 0.
     """
     if loss_type not in ONLINE_DPO_LOSS_TYPES:

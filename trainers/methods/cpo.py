@@ -11,7 +11,8 @@ completion's mean token NLL; the loss is ``trainers.losses.preference.cpo_loss``
 ``trainers.families.pairs``.
 
     python -c "
-    from trainers.methods.cpo import SimPOConfig, train_simpo; from trainers.modeling.tiny_model import build_tiny_model
+    from trainers.methods.cpo import SimPOConfig, train_simpo
+    from trainers.modeling.tiny_model import build_tiny_model
     rows = [{'prompt': 'Is the sky blue?', 'chosen': ' Yes.', 'rejected': ' No.'}] * 16
     print(train_simpo(SimPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/simpo-out', max_steps=10), rows))"
 """
@@ -31,7 +32,7 @@ from trainers.families.pairs import PairConfig, pair_forward, pair_metrics, trai
 from trainers.losses.preference import cpo_loss
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 # the losses on per-token mean log-probs (length-normalised); the others sum over the completion
 LENGTH_NORMALISED = ("ipo", "simpo")

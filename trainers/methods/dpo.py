@@ -8,27 +8,24 @@ base with the adapter disabled (no second copy of the weights), for full fine-tu
 log-probs computed once before training (``precompute_ref_log_probs``). The loop is ``trainers.core.loop``.
 
     python -c "
-    from trainers.methods.dpo import DPOConfig, train_dpo; from trainers.modeling.tiny_model import build_tiny_model
+    from trainers.methods.dpo import DPOConfig, train_dpo
+    from trainers.modeling.tiny_model import build_tiny_model
     rows = [{'prompt': 'Is the sky blue?', 'chosen': ' Yes.', 'rejected': ' No.'}] * 16
     print(train_dpo(DPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/dpo-out', max_steps=10), rows))"
 """
 
 from __future__ import annotations
 
-import copy
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
-from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from peft import PeftModel
 from transformers import PreTrainedTokenizerBase
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
@@ -36,26 +33,31 @@ from trainers.core.config import TrainingConfig
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.core.precision import autocast_dtype
 from trainers.data.example_store import ExampleStore, ExampleWriter
-from trainers.data.packing import PackedLayout, PairPacking
+from trainers.data.packing import PairPacking
 from trainers.data.preference import (
     PreferenceBatch,
     PreferenceExample,
     collate_preferences,
     tokenize_preference_rows,
 )
-from trainers.families.entry import Rows, begin_training, tokenize_splits
+from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
+from trainers.families.reference import (
+    Reference,
+    check_reference,
+    pick_reference,
+    policy_log_probs,
+    starting_model_loader,
+)
 from trainers.families.reference_cache import ReferenceCache, reference_key
+from trainers.losses.preference import dpo_loss
 from trainers.modeling.loading import (
-    load_model,
     pair_packing,
     pick_device,
-    row_sums,
-    target_log_probs,
 )
 from trainers.registry import choices
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 LOSS_TYPES = choices("dpo", "loss_type")
 
@@ -80,7 +82,8 @@ class DPOConfig(TrainingConfig):
 
     Run:
         reference_cache_file: where the training pairs' precomputed reference log-probs are kept between
-            runs (``trainers.families.reference_cache``; set by the worker, next to the training file): a later
+            runs (``trainers.families.reference_cache``; set by the worker, next to the training file): a
+            later
             run on the same pairs and reference reads them instead of scoring the pairs again. None:
             not kept.
 
@@ -104,119 +107,7 @@ class DPOConfig(TrainingConfig):
 # -- pure functions -----------------------------------------------------------------------------------
 
 
-def dpo_loss(
-    policy_chosen_logps: torch.Tensor,
-    policy_rejected_logps: torch.Tensor,
-    ref_chosen_logps: torch.Tensor,
-    ref_rejected_logps: torch.Tensor,
-    *,
-    beta: float,
-    loss_type: str = "sigmoid",
-    label_smoothing: float = 0.0,
-    chosen_lengths: torch.Tensor | None = None,
-    rejected_lengths: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-pair preference losses and implicit rewards.
-
-    All inputs are [B] summed completion log-probs, log π(y|x); returns (losses, chosen_rewards,
-    rejected_rewards), each [B], the rewards β·(log π_θ(y|x) - log π_ref(y|x)) detached. With
-    h = (log π_θ(y_w) - log π_ref(y_w)) - (log π_θ(y_l) - log π_ref(y_l)):
-
-    - ``sigmoid``: -log σ(β h), DPO (Rafailov et al. 2023, eq. 7); with label smoothing ε,
-      -(1-ε) log σ(β h) - ε log σ(-β h), conservative DPO (Mitchell 2023).
-    - ``ipo``: (h - 1/(2β))², IPO (Azar et al. 2023, eq. 17, β = τ). Given ``chosen_lengths`` and
-      ``rejected_lengths`` ([B] completion token counts) each log-ratio is divided by its length first,
-      the normalisation the IPO authors used for the paper's results (and TRL does).
-    - ``hinge``: max(0, 1 - β h), SLiC-HF (Zhao et al. 2023, eq. 1 with δ = 1/β).
-    """
-    chosen_logratios = policy_chosen_logps - ref_chosen_logps
-    rejected_logratios = policy_rejected_logps - ref_rejected_logps
-    if loss_type == "sigmoid":
-        h = chosen_logratios - rejected_logratios
-        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
-    elif loss_type == "ipo":
-        if chosen_lengths is not None and rejected_lengths is not None:
-            h = chosen_logratios / chosen_lengths.clamp(min=1) - rejected_logratios / rejected_lengths.clamp(
-                min=1
-            )
-        else:
-            h = chosen_logratios - rejected_logratios
-        losses = (h - 1 / (2 * beta)) ** 2
-    elif loss_type == "hinge":
-        losses = torch.relu(1 - beta * (chosen_logratios - rejected_logratios))
-    else:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
-    return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
-
-
 # -- the method ---------------------------------------------------------------------------------------
-
-
-class CompletionRows(Protocol):
-    """Right-padded prompt + completion rows (a ``PreferenceBatch``, KTO's rows, ...)."""
-
-    @property
-    def input_ids(self) -> torch.Tensor: ...  # [N, T]
-
-    @property
-    def attention_mask(self) -> torch.Tensor: ...  # [N, T]
-
-    @property
-    def completion_mask(self) -> torch.Tensor: ...  # [N, T] bool
-
-    @property
-    def packed(self) -> PackedLayout | None: ...  # where the decoder may run them packed
-
-
-def policy_log_probs(model: torch.nn.Module, batch: CompletionRows) -> torch.Tensor:
-    """[N] summed completion log-probs of the rows (a preference batch: chosen then rejected), in one
-    forward pass."""
-    token_logps = target_log_probs(
-        model, batch.input_ids, batch.attention_mask, batch.completion_mask, packed=batch.packed
-    )
-    return row_sums(token_logps, batch.completion_mask)
-
-
-@dataclass(frozen=True)
-class Reference:
-    """The reference policy's forward: rows -> their [N] completion log-probs, without gradients.
-
-    ``model`` is a separate frozen model, or (``disable_adapter``) the LoRA policy itself run with its
-    adapter switched off: the base weights, shared, never copied.
-    """
-
-    model: torch.nn.Module
-    disable_adapter: bool = False
-
-    @classmethod
-    def frozen(cls, model: torch.nn.Module) -> Reference:
-        model.eval().requires_grad_(False)
-        return cls(model)
-
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The named weights and buffers the reference computes with: with ``disable_adapter``, the base
-        model's own (not the adapter's, nor the trainable copies of ``modules_to_save``)."""
-        if self.disable_adapter:
-            assert isinstance(self.model, PeftModel)
-            base = self.model.get_base_model()
-            for name, tensor in chain(base.named_parameters(), base.named_buffers()):
-                if "lora_" not in name and ".modules_to_save." not in name:
-                    yield name, tensor
-        else:
-            yield from chain(self.model.named_parameters(), self.model.named_buffers())
-
-    def config(self) -> dict[str, object]:
-        model = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
-        config = getattr(model, "config", None)
-        return config.to_dict() if config is not None else {}
-
-    @torch.no_grad()
-    def __call__(self, batch: CompletionRows) -> torch.Tensor:
-        if self.disable_adapter:
-            assert isinstance(self.model, PeftModel)
-            with self.model.disable_adapter():
-                return policy_log_probs(self.model, batch)
-        return policy_log_probs(self.model, batch)
 
 
 @dataclass
@@ -261,18 +152,6 @@ class DPOLoss:
             "logps/rejected": rejected.detach().sum(),
         }
         return LossSums(loss=losses.sum(), metrics=metrics)
-
-
-def check_reference(model: torch.nn.Module, ref_model: torch.nn.Module) -> None:
-    """Refuse a reference that is, or shares weights with, the policy: it would move with training."""
-    policy = {p.data_ptr() for p in model.parameters()}
-    if ref_model is model or any(p.data_ptr() in policy for p in ref_model.parameters()):
-        raise ValueError(
-            "ref_model is the policy model (or shares its weights), so the reference would change during "
-            "training. Pass ref_model=None to get the right reference automatically (the adapter-disabled "
-            "base for LoRA, a frozen copy for full fine-tuning), or pass a separate copy, e.g. "
-            "copy.deepcopy(model) taken before training."
-        )
 
 
 @dataclass(frozen=True)
@@ -394,37 +273,6 @@ def build_dpo_task(
     return TrainingTask(model, tokenizer, train, collate, loss, valid)
 
 
-def pick_reference(
-    model: torch.nn.Module,
-    ref_model: torch.nn.Module | None,
-    load_reference: Callable[[], torch.nn.Module] | None,
-    *,
-    precompute: bool = False,
-) -> Reference:
-    """``ref_model`` frozen if given; else the adapter-disabled ``model`` (LoRA), else a frozen copy of the
-    starting model (``load_reference``'s, or ``model`` deep-copied); with ``precompute`` and no loader,
-    ``model`` itself (it has not trained yet)."""
-    if ref_model is not None:
-        device = next(model.parameters()).device
-        return Reference.frozen(torch.nn.Module.to(ref_model, device))
-    if isinstance(model, PeftModel):
-        return Reference(model, disable_adapter=True)
-    if precompute and load_reference is None:
-        return Reference(model)  # the model has not trained yet: it is the reference, no copy needed
-    return Reference.frozen(load_reference() if load_reference is not None else copy.deepcopy(model))
-
-
-def starting_model_loader(
-    config: TrainingConfig, device: torch.device
-) -> Callable[[], torch.nn.Module] | None:
-    """For a resumed full fine-tune, a loader of the starting model (the reference): the resumed model holds
-    trained weights. None otherwise (a LoRA reference is the adapter-disabled base; a fresh model is the
-    starting one)."""
-    if not config.resume_from or config.use_lora:
-        return None
-    return partial(load_model, replace(config, resume_from=None, gradient_checkpointing=False), device)
-
-
 def train_dpo(
     config: DPOConfig,
     train_rows: Rows,
@@ -447,7 +295,7 @@ def train_dpo(
     )
     train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     device = pick_device()
-    model = load_model(config, device)
+    model = load_model_to_train(config, device)
     load_reference = starting_model_loader(config, device)
     task = build_dpo_task(
         config,

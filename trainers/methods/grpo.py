@@ -14,7 +14,8 @@ clip-higher). Each optimizer step samples a fresh rollout for ``batch_size * gra
 prompts on the shared loop (``trainers.core.loop``), reused for ``num_iterations`` steps.
 
     python -c "
-    from trainers.methods.grpo import GRPOConfig, train_grpo; from trainers.rewards.graders import build_grader
+    from trainers.methods.grpo import GRPOConfig, train_grpo
+    from trainers.rewards.graders import build_grader
     from trainers.families.rl import RewardSet; from trainers.modeling.tiny_model import build_tiny_model
     rows = [{'prompt': 'The capital of Peru is'}] * 16
     grader = build_grader({'type': 'string_check', 'name': 'e', 'operation': 'like',
@@ -37,11 +38,11 @@ from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import RolloutConfig
 from trainers.core.loop import LossSums, PreparedStep
 from trainers.families.entry import Rows
-from trainers.families.rl import RewardSet, step_completions, train_on_rollouts
+from trainers.families.rl import step_completions, train_on_rollouts
 from trainers.families.rollout import (
+    GRPOBatch,
     ReusedRollout,
     RLPrompt,
-    RolloutBatch,
     completion_logps,
     generate_rollout,
     micro_batch_spans,
@@ -50,6 +51,7 @@ from trainers.families.rollout import (
 )
 from trainers.losses.advantages import group_advantages, group_reward_metrics
 from trainers.losses.rl import grpo_loss_terms
+from trainers.rewards.reward_set import RewardSet
 
 
 @dataclass
@@ -90,20 +92,6 @@ class GRPOConfig(RolloutConfig):
 
 
 # -- batches --------------------------------------------------------------------------------------------
-@dataclass
-class GRPOBatch(RolloutBatch):
-    """One micro-batch of a rollout: [N, P] prompts, [N, C] completions, [N] advantages."""
-
-    # completion_mask is the loss mask: zero for truncated completions if they are masked
-    advantages: torch.Tensor
-    old_logps: torch.Tensor | None  # π_old when num_iterations > 1; else the current policy, detached
-    ref_logps: torch.Tensor | None  # when beta > 0
-    loss_units: int  # this micro-batch's share of the step's loss denominator
-    metric_scale: float  # step loss units / step completion tokens: token sums / units = token means
-
-    @property
-    def loss_denominator(self) -> int:
-        return self.loss_units
 
 
 def grpo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: GRPOConfig) -> LossSums:

@@ -11,7 +11,8 @@ model, as for DPO: the adapter-disabled base for LoRA, else a frozen copy. The l
 ``trainers.losses.preference.kto_loss``; the loop is ``trainers.core.loop``.
 
     python -c "
-    from trainers.methods.kto import KTOConfig, train_kto; from trainers.modeling.tiny_model import build_tiny_model
+    from trainers.methods.kto import KTOConfig, train_kto
+    from trainers.modeling.tiny_model import build_tiny_model
     rows = [{'prompt': 'Sky blue?', 'completion': a, 'label': a == ' Yes.'} for a in [' Yes.', ' No.'] * 8]
     print(train_kto(KTOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/kto-out', max_steps=10), rows))"
 """
@@ -30,19 +31,19 @@ from trainers.core.config import TrainingConfig
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.preference import SequenceRows, stack_rows
 from trainers.data.unpaired import UnpairedBatch, UnpairedExample, collate_unpaired, tokenize_unpaired_rows
-from trainers.families.entry import Rows, begin_training, tokenize_splits
-from trainers.losses.preference import kto_loss
-from trainers.methods.dpo import (
+from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
+from trainers.families.reference import (
     Reference,
     check_reference,
     pick_reference,
     policy_log_probs,
     starting_model_loader,
 )
-from trainers.modeling.loading import load_model, pick_device
+from trainers.losses.preference import kto_loss
+from trainers.modeling.loading import pick_device
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 
 @dataclass
@@ -168,6 +169,6 @@ def train_kto(
         max_prompt_length=config.max_prompt_length,
     )
     train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
-    model = load_model(config, pick_device())
+    model = load_model_to_train(config, pick_device())
     task = build_kto_task(config, model, tokenizer, train, valid, ref_model=ref_model)
     return run_training(config, task, callbacks)

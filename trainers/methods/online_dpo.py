@@ -36,7 +36,7 @@ from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import RolloutConfig
 from trainers.core.loop import LossSums, PreparedStep
 from trainers.families.entry import Rows
-from trainers.families.rl import RewardScores, RewardSet, eos_penalized, step_completions, train_on_rollouts
+from trainers.families.rl import eos_penalized, step_completions, train_on_rollouts
 from trainers.families.rollout import (
     ReusedRollout,
     RLPrompt,
@@ -49,6 +49,7 @@ from trainers.families.rollout import (
 )
 from trainers.losses.advantages import JudgedPairs, judge_pairs
 from trainers.losses.rl import online_dpo_loss
+from trainers.rewards.reward_set import RewardScores, RewardSet
 
 
 @dataclass

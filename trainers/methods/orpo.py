@@ -9,7 +9,8 @@ prompt and the completion, as in ORPO's original code and TRL (huggingface/trl#1
 loss is ``trainers.losses.preference.odds_ratio_loss``, the run ``trainers.families.pairs``.
 
     python -c "
-    from trainers.methods.orpo import ORPOConfig, train_orpo; from trainers.modeling.tiny_model import build_tiny_model
+    from trainers.methods.orpo import ORPOConfig, train_orpo
+    from trainers.modeling.tiny_model import build_tiny_model
     rows = [{'prompt': 'Is the sky blue?', 'chosen': ' Yes.', 'rejected': ' No.'}] * 16
     print(train_orpo(ORPOConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/orpo-out', max_steps=10), rows))"
 """
@@ -30,7 +31,7 @@ from trainers.families.pairs import PairConfig, pair_forward, pair_metrics, trai
 from trainers.losses.preference import odds_ratio_loss
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 
 @dataclass

@@ -42,15 +42,8 @@ from trainers.core import distributed as dist
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import RolloutConfig
 from trainers.core.loop import LossSums, PreparedStep, TrainingTask, run_training
-from trainers.families.entry import Rows, begin_training
-from trainers.families.rl import (
-    RewardScores,
-    RewardSet,
-    eos_penalized,
-    frozen_reference,
-    reward_evaluator,
-    step_completions,
-)
+from trainers.families.entry import Rows, begin_training, load_model_to_train
+from trainers.families.rl import eos_penalized, frozen_reference, reward_evaluator, step_completions
 from trainers.families.rollout import (
     RLPrompt,
     forward_completion,
@@ -63,7 +56,8 @@ from trainers.families.rollout import (
 )
 from trainers.losses.advantages import gae, masked_whiten, per_token_rewards
 from trainers.losses.rl import ppo_loss_terms
-from trainers.modeling.loading import load_model, pick_device
+from trainers.modeling.loading import pick_device
+from trainers.rewards.reward_set import RewardScores, RewardSet
 
 
 @dataclass
@@ -315,7 +309,7 @@ def train_ppo(
     prompts = tokenize_rl_rows(train_rows, tokenizer, max_prompt_length=config.max_prompt_length)
     evaluate = reward_evaluator(config, tokenizer, valid_rows, rewards)
     device = pick_device()
-    model = load_model(config, device)
+    model = load_model_to_train(config, device)
     model_config: Any = model.config
     value_head = torch.nn.Linear(int(model_config.hidden_size), 1)
     torch.nn.init.zeros_(value_head.weight)

@@ -12,7 +12,8 @@ is plain REINFORCE with the leave-one-out baseline). Each optimizer step of the 
 ``batch_size * gradient_accumulation_steps`` prompts.
 
     python -c "
-    from trainers.methods.rloo import RLOOConfig, train_rloo; from trainers.rewards.graders import build_grader
+    from trainers.methods.rloo import RLOOConfig, train_rloo
+    from trainers.rewards.graders import build_grader
     from trainers.families.rl import RewardSet; from trainers.modeling.tiny_model import build_tiny_model
     rows = [{'prompt': 'The capital of Peru is'}] * 16
     grader = build_grader({'type': 'string_check', 'name': 'e', 'operation': 'like',
@@ -35,8 +36,9 @@ from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import RolloutConfig
 from trainers.core.loop import LossSums, PreparedStep
 from trainers.families.entry import Rows
-from trainers.families.rl import RewardSet, step_completions, train_on_rollouts
+from trainers.families.rl import step_completions, train_on_rollouts
 from trainers.families.rollout import (
+    GRPOBatch,
     ReusedRollout,
     RLPrompt,
     completion_logps,
@@ -47,7 +49,7 @@ from trainers.families.rollout import (
 )
 from trainers.losses.advantages import group_reward_metrics, rloo_advantages, sequence_kl
 from trainers.losses.rl import rloo_loss_terms
-from trainers.methods.grpo import GRPOBatch
+from trainers.rewards.reward_set import RewardSet
 
 
 @dataclass

@@ -7,7 +7,8 @@ with ``weight`` 1), completions of prompt/completion rows, every token of text r
 fine-tuning, optional padding-free packing; the loop itself is ``trainers.core.loop``.
 
     python -c "
-    import json; from trainers.methods.sft import SFTConfig, train_sft; from trainers.modeling.tiny_model import *
+    import json
+    from trainers.methods.sft import SFTConfig, train_sft; from trainers.modeling.tiny_model import *
     rows = [json.loads(line) for line in open(DEMO_SFT_PATH)]
     print(train_sft(SFTConfig(str(build_tiny_model('/tmp/tiny')), '/tmp/sft-out', max_steps=30), rows))"
 """
@@ -26,12 +27,12 @@ from trainers.core.config import TrainingConfig
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.collate import SFTBatch, pack_batch, pad_batch
 from trainers.data.sft import TokenizedExample, tokenize_sft_rows
-from trainers.families.entry import Rows, begin_training, tokenize_splits
+from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
 from trainers.losses.causal_lm import IGNORE_INDEX, linear_cross_entropy, next_token_cross_entropy
-from trainers.modeling.loading import decoder_and_head, load_model, pick_device, runs_packed
+from trainers.modeling.loading import decoder_and_head, pick_device, runs_packed
 
 if TYPE_CHECKING:
-    from trainers.families.rl import RewardSet
+    from trainers.rewards.reward_set import RewardSet
 
 
 @dataclass
@@ -98,7 +99,7 @@ def train_sft(
     train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
-    model = load_model(config, pick_device())
+    model = load_model_to_train(config, pick_device())
     collate: Callable[[Sequence[TokenizedExample]], SFTBatch] = partial(pad_batch, pad_token_id=pad_id)
     if config.packing:
         collate = partial(pack_batch, pad_token_id=pad_id, max_length=config.max_length)

@@ -1,4 +1,5 @@
-"""Load the model to train: base weights, optional LoRA adapter, device, precision, checkpointing.
+"""Load the model to train: base weights, optional LoRA adapter, device, precision. Installs no kernels:
+``trainers.kernels.install.install_kernels`` does, called by ``trainers.families.entry.load_model_to_train``.
 
 Shared by every method. Weights are kept in float32 for full fine-tuning (the optimizer updates fp32
 master weights; mixed precision only changes the compute dtype, through autocast). A LoRA run on CUDA
@@ -9,14 +10,11 @@ from the checkpoint's ``model/`` folder.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
-from peft.helpers import disable_input_dtype_casting
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
@@ -32,9 +30,6 @@ from trainers.core.distributed import local_device
 from trainers.core.precision import autocast_dtype
 from trainers.core.sharding import is_sharded
 from trainers.data.packing import PackedLayout, PairPacking
-from trainers.kernels import cpu_attention, varlen_attention
-from trainers.kernels.activation_memory import save_less_activation
-from trainers.kernels.fused_lora import fuse_lora
 from trainers.losses.causal_lm import linear_token_nll
 
 
@@ -53,45 +48,6 @@ class ModelSettings(Protocol):
 def pick_device() -> torch.device:
     """This process's device: ``cuda:LOCAL_RANK`` on a GPU host (one device per rank), else the CPU."""
     return local_device()
-
-
-@contextmanager
-def computing_in(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device) -> Iterator[None]:
-    """The model's forwards under autocast to ``dtype`` (none: as they are). Its LoRA layers then take
-    their inputs as they come: peft casts a LoRA layer's input to the adapter's dtype (fp32) and autocast
-    casts it back for the product, an exact round trip that cost a SmolLM2 step one copy of every
-    adapted layer's input, and kept the copy for backward in place of the input itself (which
-    ``trainers.kernels.activation_memory`` then could not rebuild instead of keeping)."""
-    if dtype is None:
-        yield
-        return
-    with (
-        torch.autocast(device.type, dtype=dtype),
-        disable_input_dtype_casting(model, isinstance(model, PeftModel)),
-    ):
-        yield
-
-
-def use_plan_free_attention(device: torch.device) -> None:
-    """On CUDA, keep sdpa off cuDNN's attention: cuDNN builds an execution plan for every new sequence
-    length, and a training run's micro-batches are padded to their own longest row, so nearly every step
-    is a new length. On an H200 that planning took ~16 ms of CPU per attention call in a DPO step of
-    SmolLM2's shapes (2.2 s a step against 0.7 s of GPU work); the flash and memory-efficient kernels
-    sdpa falls back to need none. This process trains one job, so the global switch is its own."""
-    if device.type == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(False)
-
-
-def use_attention_kernels(device: torch.device) -> None:
-    """A trainer process's attention: on CUDA, no cuDNN (``use_plan_free_attention``), and packed
-    sequences through flash attention's variable-length kernel where this torch has it
-    (``trainers.kernels.varlen_attention``: +18% tokens/s for full SFT of a 0.5B model on an H200); on a CPU,
-    bf16 training attention's backward as batched products (``trainers.kernels.cpu_attention``)."""
-    use_plan_free_attention(device)
-    if varlen_attention.available(device):
-        varlen_attention.install()
-    elif device.type == "cpu" and not varlen_attention.installed():  # (tests install it on a CPU)
-        cpu_attention.install()
 
 
 def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
@@ -114,8 +70,6 @@ def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module
     else:
         source = str(resume_model) if resume_model is not None else settings.model_path
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    _reduce_activation_memory(model, settings)
-    use_attention_kernels(device)
     return torch.nn.Module.to(model, device)  # (transformers' typed `to` rejects a device)
 
 
@@ -134,33 +88,7 @@ def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
         )
         peft_model = get_peft_model(model, config)
     assert isinstance(peft_model, PeftModel)
-    fuse_lora(peft_model)
     return peft_model
-
-
-def _reduce_activation_memory(model: torch.nn.Module, settings: ModelSettings) -> None:
-    """Gradient checkpointing when asked for (recompute each layer in backward); otherwise each decoder
-    layer keeps only the activations that are costly to recompute (``trainers.kernels.activation_memory``), for
-    a few elementwise passes per layer rather than a layer's forward."""
-    if settings.gradient_checkpointing:
-        _enable_gradient_checkpointing(model)
-    else:
-        save_less_activation(model)
-
-
-def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    assert isinstance(base, PreTrainedModel)
-    # Non-reentrant checkpointing works with frozen inputs; input grads are enabled anyway for
-    # models whose layers still use the reentrant variant.
-    kwargs = {"use_reentrant": False}
-    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5 renamed the method
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[no-untyped-call]
-    base.config.use_cache = False
-    if isinstance(model, PeftModel):
-        base.enable_input_require_grads()  # type: ignore[no-untyped-call]
 
 
 def load_sequence_classifier(
@@ -193,12 +121,9 @@ def load_sequence_classifier(
                 "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
             )
             model = get_peft_model(model, config)
-        fuse_lora(model)
         if resume_model is not None:
             set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
         model.get_submodule("base_model.model.score").float()  # the head trains in fp32
-    _reduce_activation_memory(model, settings)
-    use_attention_kernels(device)
     return torch.nn.Module.to(model, device)
 
 
@@ -335,3 +260,27 @@ def row_sums(values: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
 # transformers architectures whose forward computes ``logits = self.lm_head(hidden_states)`` and nothing
 # more (checked in transformers 5.x's modeling files); others keep the whole-model path
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+
+
+def reward_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    packed: PackedLayout | None = None,
+) -> torch.Tensor:
+    """[N] float32 scores of right-padded rows (the head's output at each row's last non-pad token); the
+    decoder runs on the ``packed`` layout when one is given and the model's parts allow it."""
+    parts = classifier_parts(model) if packed is not None else None
+    if parts is None:
+        logits: torch.Tensor = model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).logits
+        return logits.squeeze(-1).float()
+    hidden = decoder_hidden_states(parts.decoder, input_ids, attention_mask, packed)
+    # the token transformers' classifier pools: the rightmost one whose id is not the pad id
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    last = (positions * (input_ids != parts.pad_token_id)).argmax(-1)
+    pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]
+    score: torch.Tensor = parts.head(pooled)
+    return score.squeeze(-1).float()

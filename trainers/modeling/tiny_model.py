@@ -6,7 +6,8 @@ real Hugging Face checkpoint: ``AutoModelForCausalLM.from_pretrained(dir)`` and
 template. The Llama architecture is used because transformers 5.x swaps in its own digit-splitting
 tokenizer for Qwen2 checkpoints.
 
-    python -c "from trainers.modeling.tiny_model import build_tiny_model; print(build_tiny_model('/tmp/tiny'))"
+    python -c "from trainers.modeling.tiny_model import build_tiny_model;
+    print(build_tiny_model('/tmp/tiny'))"
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from trainers.core.errors import DataError
-from trainers.rewards.formula import eval_formula
 from trainers.rewards import formula as formula_checker
+from trainers.rewards.formula import eval_formula
 
 __all__ = [
     "GRADER_TYPES",
@@ -211,7 +211,7 @@ class TextSimilarity:
 # -- score_model ----------------------------------------------------------------------------------------
 class ScoreModel:
     """The scalar output of a reward model (a ``reward_model`` run's final ``model/`` folder) on prompt +
-    completion: ``trainers.methods.reward_model.load_reward_scorer``, which encodes the pair exactly as reward-model
+    completion: ``trainers.rewards.scorer.load_reward_scorer``, which encodes the pair exactly as reward-model
     training does. ``prompts`` are the prompts as the policy saw them (chat template applied), so prompt +
     completion is the text the policy produced.
 
@@ -221,7 +221,7 @@ class ScoreModel:
     """
 
     def __init__(self, name: str, model_path: str, *, batch_size: int = 16, param: str = "grader") -> None:
-        from trainers.methods.reward_model import load_reward_scorer
+        from trainers.rewards.scorer import load_reward_scorer
 
         self.__name__ = name
         try:
@@ -237,7 +237,8 @@ class ScoreModel:
 
 # -- multi ----------------------------------------------------------------------------------------------
 def parse_formula(formula: str, names: Sequence[str], *, param: str) -> ast.Expression:
-    """``trainers.rewards.formula.parse_formula``, its ``FormulaError`` as a ``GraderError`` naming ``param``."""
+    """``trainers.rewards.formula.parse_formula``, its ``FormulaError`` as a ``GraderError`` naming
+    ``param``."""
     try:
         return formula_checker.parse_formula(formula, names)
     except formula_checker.FormulaError as exc:
@@ -269,7 +270,8 @@ class MultiGrader:
         for i in range(len(completions)):
             values = {name: s[i] for name, s in scores.items()}
             judged = {name: v for name, v in values.items() if v is not None}
-            # a sub-grader that could not judge leaves the combination unjudged (None, see trainers.families.rl)
+            # a sub-grader that could not judge leaves the combination unjudged (None, see
+            # trainers.families.rl)
             out.append(eval_formula(self.tree, judged) if len(judged) == len(values) else None)
         return out
 
