@@ -59,7 +59,7 @@ completion text (EOS appended, as reward-model training encodes pairs); TRL keep
 from ``generate``'s scores, ours recomputes them in the forward pass that also gives the values; TRL's
 loop runs ``gc.collect()`` twice per rollout. The unit is episodes/s (completions per second over the
 rollouts after the first, sampling, scoring and the PPO epochs included); each side's step is one rollout
-(ours: the end of its last optimizer step). The knob-by-knob table is in docs/benchmarks.md.
+(ours: the end of its last optimizer step). The knob-by-knob table is in git log -p docs/benchmarks.md.
 """
 
 from __future__ import annotations

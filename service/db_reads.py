@@ -4,14 +4,14 @@ a job's read, and an API key's lookup when the key is not cached (service/auth.p
 Why: a job's read is the call a dashboard fleet makes most (bench/test_api_throughput.py). Through
 SQLAlchemy's async engine, which the API used until then, its one statement cost the app 0.24 ms of
 CPU: the pool's checkout, the greenlet that adapts the async driver, the result's processing. On a
-psycopg connection kept here it costs 0.09 ms (docs/benchmarks.md). The statement is still built
+psycopg connection kept here it costs 0.09 ms (git log -p docs/benchmarks.md). The statement is still built
 with SQLAlchemy, and compiled once per process (`CompiledRead`).
 
 What SQLAlchemy's pool did for these reads is done here too: a connection the server hung up on is
 replaced at checkout (`service.db.server_hung_up`), a connection whose read failed or was cancelled
 is closed rather than reused, and the connections are closed at the API's shutdown. They autocommit:
 a read of one statement needs no transaction around it, and a BEGIN and a COMMIT were half the
-database's CPU for a job's read (docs/benchmarks.md). How many are in use at once is bounded by the
+database's CPU for a job's read (git log -p docs/benchmarks.md). How many are in use at once is bounded by the
 caller's database slot (service/db_slots.py), how many are kept idle by `db_pool_size`. PostgreSQL
 only: on SQLite `read_connections` is None and the caller reads in a thread.
 """

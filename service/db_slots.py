@@ -83,8 +83,8 @@ async def db_slot() -> AsyncIterator[None]:
     slots = _semaphore()
     try:
         # a free slot (the common case) is taken without a timeout's cancel scope: setting one up was
-        # ~6% of a job read's CPU (docs/benchmarks.md). A semaphore with a free slot has no waiters (a
-        # release hands the slot to the first waiter), so arrival order still holds.
+        # ~6% of a job read's CPU (git log -p docs/benchmarks.md). A semaphore with a free slot has no
+        # waiters (a release hands the slot to the first waiter), so arrival order still holds.
         slots.acquire_nowait()
     except anyio.WouldBlock:
         await _wait_for_slot(slots)

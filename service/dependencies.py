@@ -56,7 +56,7 @@ async def read_row(read: CompiledRead, params: Mapping[str, Any]) -> ReadRow | N
     """For the hottest `async def` read routes: one Core statement's first row, on the event loop
     straight through psycopg (service/db_reads.py; in a thread on SQLite), holding a slot only while
     it reads. No ORM session, no mapped objects, no SQLAlchemy engine: for a job's read, 0.24 ms of
-    the app's CPU through the async engine against 0.09 ms (docs/benchmarks.md)."""
+    the app's CPU through the async engine against 0.09 ms (git log -p docs/benchmarks.md)."""
     async with db_slot():
         connections = read_connections()
         if connections is None:

@@ -1,10 +1,10 @@
-"""README's methods table and hyperparameter reference, generated from ``trainers.registry``.
+"""docs/methods.md's methods table and hyperparameter reference, generated from ``trainers.registry``.
 
-    python -m trainers.method_docs README.md     # rewrite the generated blocks in place (make docs)
+    python -m trainers.method_docs docs/methods.md     # rewrite the generated blocks in place (make docs)
 
 The blocks sit between ``<!-- methods:begin -->`` / ``<!-- methods:end -->`` and
 ``<!-- hyperparameters:begin -->`` / ``<!-- hyperparameters:end -->``;
-``tests/trainers/test_registry.py`` fails when README.md differs from what this prints.
+``tests/trainers/test_registry.py`` fails when docs/methods.md differs from what this prints.
 Standard library only, like the registry.
 """
 
@@ -79,16 +79,16 @@ BLOCKS = {"methods": methods_table, "hyperparameters": hyperparameters_table}
 
 
 def render(readme: str) -> str:
-    """``readme`` with every generated block replaced by its current text."""
+    """``readme`` (the page's text) with every generated block replaced by its current text."""
     for name, make in BLOCKS.items():
         found = re.search(rf"(<!-- {name}:begin -->\n)(?:.*?\n)?(<!-- {name}:end -->)", readme, re.S)
         if found is None:
-            raise ValueError(f"README has no <!-- {name}:begin/end --> block")
+            raise ValueError(f"the page has no <!-- {name}:begin/end --> block")
         block = found.group(1) + make() + "\n" + found.group(2)
         readme = readme[: found.start()] + block + readme[found.end() :]
     return readme
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/methods.md")
     path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")

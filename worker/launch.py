@@ -74,8 +74,8 @@ def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: f
 # it on free, so each step pays the kernel's page faults and zeroing for those pages again (one exp of a
 # SmolLM2 logits chunk: 170 ms allocating against 15 ms in place). With mmap off and trimming off, freed
 # blocks stay in the heap and the next step reuses them: SmolLM2 SFT LoRA on the CPU trains ~1.15x faster
-# at the same peak RSS (docs/benchmarks.md, "The trainer's allocator"). A trainer is one process per job,
-# so memory it keeps is returned when the job ends.
+# at the same peak RSS (git log -p docs/benchmarks.md, "The trainer's allocator"). A trainer is one
+# process per job, so memory it keeps is returned when the job ends.
 # The per-thread cache (tcache) and the fast bins are off too: a small block freed into either still counts
 # as in use, so the freed activations on both sides of it cannot merge, and the next micro-batch's
 # slightly wider tensors then come from fresh memory at the heap's top. With them on, a SmolLM2 reward

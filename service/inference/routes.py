@@ -1,6 +1,6 @@
 """POST /v1/chat/completions and /v1/completions: try a base model, a fine-tuned model or a checkpoint.
 
-For trying and evaluating models, not a serving engine (README: serve a downloaded model with vLLM).
+For trying and evaluating models, not a serving engine (docs/api.md: serve a downloaded model with vLLM).
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def _fair_order_of_queues() -> Select[Any]:
 
 # Up to this many asked jobs, a count per job (`_counted_positions`); more, one rank of the whole queue
 # (`_ranked_positions`). At 1,001 queued jobs the database took 1.6 ms to count one job's position and
-# 2.9 ms to rank the queue, but 16 ms to count a page of 100 (docs/benchmarks.md).
+# 2.9 ms to rank the queue, but 16 ms to count a page of 100 (git log -p docs/benchmarks.md).
 _COUNTED_UP_TO = 8
 
 

@@ -27,7 +27,7 @@ def job_read_query() -> Select[Any]:
     """A job's read, the call a polling dashboard makes most, as one Core statement: the job's columns,
     each labelled with its `Job` attribute's name (so a row reads like a `Job` for `JobObject.of`), and
     its queue position as `queue_position`. Its rows are plain tuples: mapping them to `Job` objects in
-    an ORM session was a seventh of the read's CPU (docs/benchmarks.md). Values bound at execution:
+    an ORM session was a seventh of the read's CPU (git log -p docs/benchmarks.md). Values bound at execution:
     `job_id`, `tenant_id`. Built once, into the route's `CompiledRead` (service/jobs/routes.py)."""
     columns = [attr.columns[0].label(attr.key) for attr in inspect(Job).column_attrs]
     return select(*columns, position_column().label("queue_position")).where(

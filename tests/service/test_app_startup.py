@@ -1,6 +1,6 @@
 """The API's startup leaves its imported heap out of later garbage collections (service/app.py
 `_freeze_startup_heap`): a full collection walking it stalled every request on the event loop, and
-that stall was the read's p99 at 50 connections (docs/benchmarks.md)."""
+that stall was the read's p99 at 50 connections (git log -p docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`trainers.kernels.install.use_plan_free_attention`: a trainer on CUDA keeps sdpa off cuDNN's attention
-(which plans
-anew for every sequence length: 4.9x slower DPO steps on an H200, docs/benchmarks.md); on the CPU the
-switch is left alone. The switch is a process-wide flag, so each test restores it."""
+(which plans anew for every sequence length: 4.9x slower DPO steps on an H200, git log -p
+docs/benchmarks.md); on the CPU the switch is left alone. The switch is a process-wide flag, so each test
+restores it."""
 
 from __future__ import annotations
 

@@ -178,7 +178,7 @@ def test_an_operators_allocator_setting_wins() -> None:
 def test_a_trainer_process_leaves_the_apis_libraries_unimported() -> None:
     """A job's trainer process starts with every job: the web framework, the async database driver and
     the async Redis client are the API's, and importing them cost each start ~200 ms
-    (docs/benchmarks.md, the service overhead). Celery is the worker's: a trainer imports it only
+    (git log -p docs/benchmarks.md, the service overhead). Celery is the worker's: a trainer imports it only
     when it sends a message (a hand-back), ~25 ms otherwise."""
     modules = ("fastapi", "sqlalchemy.ext.asyncio", "redis.asyncio", "celery")
     code = f"import sys, worker.job_process; print(sorted(m for m in {modules!r} if m in sys.modules))"

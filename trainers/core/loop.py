@@ -219,7 +219,7 @@ class _Loop(Generic[E, B]):
             _param_groups(self.params, settings.weight_decay),
             lr=settings.learning_rate,
             # one fused kernel over all parameters: ~4x faster than the per-tensor loop on CPU (see
-            # docs/benchmarks.md), and what transformers' Trainer uses by default
+            # git log -p docs/benchmarks.md), and what transformers' Trainer uses by default
             fused=_fusable(self.params) or None,
         )
         self.scheduler = build_scheduler(

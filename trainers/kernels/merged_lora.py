@@ -3,7 +3,7 @@
 A LoRA layer's forward is three products (the base's, then the rank-r ``A`` and ``B``) plus peft's
 bookkeeping around them. In a training step's forward that is cheap next to the base product of many
 rows, but a rollout's decoding step runs every layer on a few rows, where those extra products and the
-Python around them cost as much as the base product (docs/benchmarks.md). Merged, a layer is one
+Python around them cost as much as the base product (git log -p docs/benchmarks.md). Merged, a layer is one
 product of ``W + scale · B A``, which is what peft's ``merge_adapter`` computes; its ``unmerge``
 subtracts the delta again, which in bf16 (or even fp32) does not give back the same bits, and a frozen
 base that drifts a rounding error per rollout is no longer frozen. So the merged weight is a new

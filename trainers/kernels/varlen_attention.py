@@ -5,7 +5,7 @@ builds a block-diagonal causal mask for sdpa, and a mask sends sdpa to its memor
 computes every block of every row's W x W scores, those across sequences too. Flash attention's
 variable-length kernel (``torch.nn.attention.varlen``) takes the sequences' bounds instead and computes
 each sequence's own causal triangle. On an H200, full SFT of a 0.5B model at 64 rows of up to 1,024
-tokens spent 17% of its GPU time in the memory-efficient kernel (docs/benchmarks.md).
+tokens spent 17% of its GPU time in the memory-efficient kernel (git log -p docs/benchmarks.md).
 
 How it reaches the model: a caller that knows its sequences passes their bounds as transformers'
 standard keyword arguments (``sequence_starts``, ``attention_kwargs``), which the decoder hands every

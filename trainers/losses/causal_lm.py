@@ -65,7 +65,7 @@ CHUNK_ELEMENTS = 2**25
 # On a GPU, 8x larger chunks (1 GiB of float32 logits): each chunk re-reads and re-writes the float32
 # weight gradient [V, H], so small chunks make the head memory-bound. On an H200, full SFT of a 0.5B
 # model (V = 151,936) ran at 45.3k tokens/s with these chunks and 39.6k with CHUNK_ELEMENTS, for 2.6 GiB
-# more at peak (docs/benchmarks.md).
+# more at peak (git log -p docs/benchmarks.md).
 CUDA_CHUNK_ELEMENTS = 2**28
 
 
@@ -173,7 +173,7 @@ class _ChunkBuffers:
     chunk's were allocated while the last chunk's were still held (a name is rebound only after its new
     value is computed), so a step held two chunks' logits at once and took the second from fresh memory:
     SmolLM2 on the CPU peaked 0.1-0.17 GiB higher with LoRA, 0.07-0.13 GiB in full SFT, at the same speed
-    (docs/benchmarks.md)."""
+    (git log -p docs/benchmarks.md)."""
 
     def __init__(self, rows: int, vocab: int, compute: torch.dtype, device: torch.device) -> None:
         self._float = torch.empty(rows, vocab, dtype=torch.float32, device=device)
