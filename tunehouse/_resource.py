@@ -80,11 +80,7 @@ class _Method(Generic[P]):
     def __init__(self, build: Callable[Concatenate[Any, P], Any]) -> None:
         self._build = build
         self.__doc__ = build.__doc__
-        self._name = build.__name__
         self._signatures: dict[bool, inspect.Signature] = {}
-
-    def __set_name__(self, owner: type[Any], name: str) -> None:
-        self._name = name
 
     def _result(self, is_async: bool, built: Any) -> Any:
         """The public return annotation, from the builder's (e.g. `APIRequest[X]` -> `X`)."""
