@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import httpx
 from pydantic import BaseModel
+
+from tunehouse._base_client import APIRequest, AsyncTransport, SyncTransport
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -52,3 +56,27 @@ class AsyncPage(Generic[T]):
             for item in page.data:
                 yield item
             page = await page.next_page()
+
+
+@dataclass(frozen=True)
+class PageRequest(Generic[T]):
+    """A GET of one page of a list (`{"data": [...], "has_more": ...}`); the next page is the same
+    request with `after` set to the last item's cursor."""
+
+    request: APIRequest[httpx.Response]
+    item: type[T]
+
+    def _read(self, response: httpx.Response) -> tuple[list[T], bool]:
+        body = response.json()
+        return [self.item.model_validate(x) for x in body["data"]], bool(body["has_more"])
+
+    def after(self, cursor: Any) -> PageRequest[T]:
+        return PageRequest(self.request.with_params(after=cursor), self.item)
+
+    def run_sync(self, transport: SyncTransport) -> SyncPage[T]:
+        data, has_more = self._read(transport.send(self.request))
+        return SyncPage(data, has_more, lambda cursor: self.after(cursor).run_sync(transport))
+
+    async def run_async(self, transport: AsyncTransport) -> AsyncPage[T]:
+        data, has_more = self._read(await transport.send(self.request))
+        return AsyncPage(data, has_more, lambda cursor: self.after(cursor).run_async(transport))

@@ -1,6 +1,7 @@
 """SDK retries against real sockets: which answers are retried (408, 409, 429, 5xx, dropped connections,
 timeouts) and which are not, the exponential backoff's bounds, `Retry-After`, and POSTs that are never
-repeated. The servers are real HTTP/TCP servers on localhost that answer from a script."""
+repeated (job creation is, with its Idempotency-Key: tests/sdk/test_idempotency.py). The servers are
+real HTTP/TCP servers on localhost that answer from a script."""
 
 from __future__ import annotations
 

@@ -1,108 +1,86 @@
-"""`client.files`: upload, list, retrieve, delete and download training files."""
+"""`client.files`: upload, list, retrieve, delete and download training files.
+
+Each method is written once, for both clients (see `tunehouse._resource`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import IO, Any
+import httpx
 
-from tunehouse._base_client import AsyncTransport, SyncTransport
-from tunehouse._pagination import AsyncPage, SyncPage
+from tunehouse._base_client import (
+    IDEMPOTENCY_HEADER,
+    APIRequest,
+    FileInput,
+    compact,
+    new_idempotency_key,
+    raw,
+)
+from tunehouse._pagination import PageRequest
+from tunehouse._resource import AsyncAPIResource, SyncAPIResource, endpoint, paged, parse_as
 from tunehouse.types import FileDeleted, FileObject
 
-FileInput = str | Path | bytes | IO[bytes]
+FILES = "/v1/files"
+
+__all__ = ["AsyncFiles", "FileInput", "Files"]
 
 
-def _file_part(file: FileInput) -> tuple[str, Any]:
-    if isinstance(file, str | Path):
-        path = Path(file)
-        return path.name, path.open("rb")
-    if isinstance(file, bytes):
-        return "upload.jsonl", file
-    return Path(getattr(file, "name", "upload.jsonl")).name, file
+def _content(response: httpx.Response) -> bytes:
+    return response.content
 
 
-def _list_params(purpose: str | None, after: str | None, limit: int | None) -> dict[str, Any]:
-    params: dict[str, Any] = {"purpose": purpose, "after": after, "limit": limit}
-    return {k: v for k, v in params.items() if v is not None}
-
-
-class Files:
-    def __init__(self, transport: SyncTransport) -> None:
-        self._t = transport
-
+class _Files:
+    @endpoint
     def create(
-        self, *, file: FileInput, purpose: str = "fine-tune", timeout: float | None = None
-    ) -> FileObject:
-        name, content = _file_part(file)
-        try:
-            response = self._t.request(
-                "POST",
-                "/v1/files",
-                files={"file": (name, content)},
-                data={"purpose": purpose},
-                timeout=timeout,
-            )
-        finally:
-            if isinstance(file, str | Path):
-                content.close()
-        return FileObject.model_validate(response.json())
+        self,
+        *,
+        file: FileInput,
+        purpose: str = "fine-tune",
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> APIRequest[FileObject]:
+        """Upload a JSONL file (a path, bytes or a binary file object); it is validated line by line.
 
+        Sent with an `Idempotency-Key` but never retried automatically: the server does not deduplicate
+        uploads, so a repeated upload would store the file twice."""
+        key = idempotency_key or new_idempotency_key()
+        return APIRequest(
+            "POST",
+            FILES,
+            parse_as(FileObject),
+            data={"purpose": purpose},
+            upload=file,
+            headers={IDEMPOTENCY_HEADER: key},
+            timeout=timeout,
+        )
+
+    @paged
     def list(
-        self, *, purpose: str | None = None, after: str | None = None, limit: int | None = None
-    ) -> SyncPage[FileObject]:
-        body = self._t.request("GET", "/v1/files", params=_list_params(purpose, after, limit)).json()
-        return SyncPage(
-            [FileObject.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(purpose=purpose, after=cursor, limit=limit),
-        )
+        self,
+        *,
+        purpose: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> PageRequest[FileObject]:
+        params = compact(purpose=purpose, after=after, limit=limit)
+        return PageRequest(raw("GET", FILES, params=params, timeout=timeout), FileObject)
 
-    def retrieve(self, file_id: str) -> FileObject:
-        return FileObject.model_validate(self._t.request("GET", f"/v1/files/{file_id}").json())
+    @endpoint
+    def retrieve(self, file_id: str, *, timeout: float | None = None) -> APIRequest[FileObject]:
+        return APIRequest("GET", f"{FILES}/{file_id}", parse_as(FileObject), timeout=timeout)
 
-    def delete(self, file_id: str) -> FileDeleted:
-        return FileDeleted.model_validate(self._t.request("DELETE", f"/v1/files/{file_id}").json())
+    @endpoint
+    def delete(self, file_id: str, *, timeout: float | None = None) -> APIRequest[FileDeleted]:
+        return APIRequest("DELETE", f"{FILES}/{file_id}", parse_as(FileDeleted), timeout=timeout)
 
-    def content(self, file_id: str) -> bytes:
-        return self._t.request("GET", f"/v1/files/{file_id}/content").content
+    @endpoint
+    def content(self, file_id: str, *, timeout: float | None = None) -> APIRequest[bytes]:
+        """The file's bytes, as uploaded."""
+        return APIRequest("GET", f"{FILES}/{file_id}/content", _content, timeout=timeout)
 
 
-class AsyncFiles:
-    def __init__(self, transport: AsyncTransport) -> None:
-        self._t = transport
+class Files(_Files, SyncAPIResource):
+    pass
 
-    async def create(
-        self, *, file: FileInput, purpose: str = "fine-tune", timeout: float | None = None
-    ) -> FileObject:
-        name, content = _file_part(file)
-        try:
-            response = await self._t.request(
-                "POST",
-                "/v1/files",
-                files={"file": (name, content)},
-                data={"purpose": purpose},
-                timeout=timeout,
-            )
-        finally:
-            if isinstance(file, str | Path):
-                content.close()
-        return FileObject.model_validate(response.json())
 
-    async def list(
-        self, *, purpose: str | None = None, after: str | None = None, limit: int | None = None
-    ) -> AsyncPage[FileObject]:
-        body = (await self._t.request("GET", "/v1/files", params=_list_params(purpose, after, limit))).json()
-        return AsyncPage(
-            [FileObject.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(purpose=purpose, after=cursor, limit=limit),
-        )
-
-    async def retrieve(self, file_id: str) -> FileObject:
-        return FileObject.model_validate((await self._t.request("GET", f"/v1/files/{file_id}")).json())
-
-    async def delete(self, file_id: str) -> FileDeleted:
-        return FileDeleted.model_validate((await self._t.request("DELETE", f"/v1/files/{file_id}")).json())
-
-    async def content(self, file_id: str) -> bytes:
-        return (await self._t.request("GET", f"/v1/files/{file_id}/content")).content
+class AsyncFiles(_Files, AsyncAPIResource):
+    pass

@@ -1,139 +1,108 @@
 """`client.fine_tuning.jobs`: create and control jobs, read their events, metrics and checkpoints,
-follow them live (`stream`) or block until they end (`wait`)."""
+follow them live (`stream`) or block until they end (`wait`).
+
+Each method is written once, for both clients (see `tunehouse._resource`)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tunehouse._base_client import AsyncTransport, SyncTransport, connection_error, retry_delay
-from tunehouse._exceptions import APIConnectionError, TunehouseError, status_error
-from tunehouse._pagination import AsyncPage, SyncPage
-from tunehouse._streaming import SSEDecoder, to_item
-from tunehouse.types import Checkpoint, FineTuningJob, JobEvent, MetricRow, StreamEnd, StreamItem
+from tunehouse._base_client import (
+    IDEMPOTENCY_HEADER,
+    APIRequest,
+    AsyncTransport,
+    SyncTransport,
+    compact,
+    new_idempotency_key,
+    raw,
+)
+from tunehouse._download import Download, Progress
+from tunehouse._exceptions import TunehouseError
+from tunehouse._pagination import PageRequest
+from tunehouse._resource import AsyncAPIResource, SyncAPIResource, endpoint, paged, parse_as, streamed
+from tunehouse._streaming import EventStream
+from tunehouse.types import Checkpoint, FineTuningJob, JobEvent, MetricRow, StreamItem
 
 JOBS = "/v1/fine_tuning/jobs"
-# a stream is a long GET: no read timeout beyond the server's keep-alives (sent every 15 s)
-STREAM_TIMEOUT = httpx.Timeout(10.0, read=60.0)
-# backoff 0.5, 1, 2, 4, 8, 8, 8, 8 s: about 40 s to ride out an API restart (the server drains on
-# SIGTERM and a single instance takes seconds to come back)
-STREAM_RECONNECTS = 8
 
 
 class WaitTimeout(TunehouseError):
     """`jobs.wait` gave up before the job ended (the job keeps running)."""
 
 
-def _create_body(**fields: Any) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if v is not None}
-
-
-def _params(**fields: Any) -> dict[str, Any]:
-    params = {k: v for k, v in fields.items() if v is not None and k != "metadata"}
-    for key, value in (fields.get("metadata") or {}).items():
+def _list_params(*, metadata: dict[str, str] | None = None, **fields: Any) -> dict[str, Any]:
+    # OpenAI's list filter: ?metadata[key]=value
+    params = compact(**fields)
+    for key, value in (metadata or {}).items():
         params[f"metadata[{key}]"] = value
     return params
 
 
-def _content_length(response: httpx.Response) -> int | None:
-    raw = response.headers.get("content-length")
-    return int(raw) if raw and raw.isdigit() else None
+def _job(method: str, path: str, timeout: float | None, **fields: Any) -> APIRequest[FineTuningJob]:
+    return APIRequest(method, path, parse_as(FineTuningJob), timeout=timeout, **fields)
 
 
-class _DownloadSink:
-    """Where a streamed checkpoint goes: `<path>.part`, renamed to `path` only when complete."""
+@dataclass(frozen=True)
+class _Wait:
+    """Follow the stream to its end, then fetch the finished job."""
 
-    def __init__(self, path: str | Path, progress: Callable[[int, int | None], None] | None) -> None:
-        self.dest = Path(path)
-        self.tmp = self.dest.with_name(self.dest.name + ".part")
-        self.progress = progress
-        self.done = 0
-        self.total: int | None = None
-        self.fh = self.tmp.open("wb")
+    job_id: str
+    timeout: float | None
+    on_item: Callable[[StreamItem], None] | None
 
-    def start(self, response: httpx.Response) -> None:
-        self.total = _content_length(response)
+    def _see(self, item: StreamItem, deadline: float | None) -> None:
+        if self.on_item:
+            self.on_item(item)
+        if deadline and time.monotonic() > deadline:
+            raise WaitTimeout(f"job {self.job_id} did not finish within {self.timeout} s")
 
-    def write(self, chunk: bytes) -> None:
-        self.fh.write(chunk)
-        self.done += len(chunk)
-        if self.progress:
-            self.progress(self.done, self.total)
+    def _deadline(self) -> float | None:
+        return time.monotonic() + self.timeout if self.timeout else None
 
-    def finish(self) -> Path:
-        self.fh.close()
-        self.tmp.replace(self.dest)
-        return self.dest
+    def run_sync(self, transport: SyncTransport) -> FineTuningJob:
+        deadline = self._deadline()
+        for item in EventStream(f"{JOBS}/{self.job_id}/stream").run_sync(transport):
+            self._see(item, deadline)
+        return _job("GET", f"{JOBS}/{self.job_id}", None).run_sync(transport)
 
-    def abort(self) -> None:
-        self.fh.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-def _decode(decoder: SSEDecoder, line: str) -> list[StreamItem]:
-    """The typed items one SSE line completes (usually none, at a blank line one)."""
-    return [item for sse in decoder.feed(line) if (item := to_item(sse)) is not None]
+    async def run_async(self, transport: AsyncTransport) -> FineTuningJob:
+        deadline = self._deadline()
+        async for item in EventStream(f"{JOBS}/{self.job_id}/stream").run_async(transport):
+            self._see(item, deadline)
+        return await _job("GET", f"{JOBS}/{self.job_id}", None).run_async(transport)
 
 
-def _headers(last_event_id: str | None) -> dict[str, str]:
-    return {"Accept": "text/event-stream", **({"Last-Event-ID": last_event_id} if last_event_id else {})}
-
-
-class Checkpoints:
-    def __init__(self, transport: SyncTransport) -> None:
-        self._t = transport
-
+class _Checkpoints:
+    @paged
     def list(
-        self, job_id: str, *, after: str | None = None, limit: int | None = None
-    ) -> SyncPage[Checkpoint]:
-        body = self._t.request(
-            "GET", f"{JOBS}/{job_id}/checkpoints", params=_params(after=after, limit=limit)
-        ).json()
-        return SyncPage(
-            [Checkpoint.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(job_id, after=cursor, limit=limit),
+        self, job_id: str, *, after: str | None = None, limit: int | None = None, timeout: float | None = None
+    ) -> PageRequest[Checkpoint]:
+        params = _list_params(after=after, limit=limit)
+        return PageRequest(
+            raw("GET", f"{JOBS}/{job_id}/checkpoints", params=params, timeout=timeout), Checkpoint
         )
 
+    @endpoint
     def download(
         self,
         job_id: str,
         checkpoint_id: str,
         path: str | Path,
         *,
-        progress: Callable[[int, int | None], None] | None = None,
-    ) -> Path:
+        progress: Progress | None = None,
+        timeout: float | None = None,
+    ) -> Download:
         """Stream a checkpoint (a tar of the Hugging Face model folder) to `path`; `progress(done, total)`."""
-        sink = _DownloadSink(path, progress)
-        try:
-            with self._t.http.stream(
-                "GET", f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
-            ) as response:
-                if not response.is_success:
-                    response.read()
-                    raise status_error(response)
-                sink.start(response)
-                for chunk in response.iter_bytes(1024 * 1024):
-                    sink.write(chunk)
-        except httpx.TransportError as exc:
-            sink.abort()
-            raise connection_error(exc) from exc
-        except BaseException:
-            sink.abort()
-            raise
-        return sink.finish()
+        url = f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
+        return Download(url, Path(path), progress, timeout)
 
 
-class Jobs:
-    def __init__(self, transport: SyncTransport) -> None:
-        self._t = transport
-        self.checkpoints = Checkpoints(transport)
-
+class _Jobs:
+    @endpoint
     def create(
         self,
         *,
@@ -147,9 +116,12 @@ class Jobs:
         metadata: dict[str, str] | None = None,
         integrations: list[dict[str, Any]] | None = None,
         resources: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
         timeout: float | None = None,
-    ) -> FineTuningJob:
-        body = _create_body(
+    ) -> APIRequest[FineTuningJob]:
+        """Create a job. It is sent with an `Idempotency-Key` (`idempotency_key`, or a new one per call)
+        and retried like a GET: the server answers a repeated key with the job the first try created."""
+        body = compact(
             model=model,
             training_file=training_file,
             method=method,
@@ -161,268 +133,92 @@ class Jobs:
             integrations=integrations,
             resources=resources,
         )
-        return FineTuningJob.model_validate(self._t.request("POST", JOBS, json=body, timeout=timeout).json())
+        key = idempotency_key or new_idempotency_key()
+        return _job("POST", JOBS, timeout, json=body, headers={IDEMPOTENCY_HEADER: key}, deduplicated=True)
 
-    def retrieve(self, job_id: str, *, timeout: float | None = None) -> FineTuningJob:
-        return FineTuningJob.model_validate(
-            self._t.request("GET", f"{JOBS}/{job_id}", timeout=timeout).json()
-        )
+    @endpoint
+    def retrieve(self, job_id: str, *, timeout: float | None = None) -> APIRequest[FineTuningJob]:
+        return _job("GET", f"{JOBS}/{job_id}", timeout)
 
+    @paged
     def list(
-        self, *, after: str | None = None, limit: int | None = None, metadata: dict[str, str] | None = None
-    ) -> SyncPage[FineTuningJob]:
-        body = self._t.request(
-            "GET", JOBS, params=_params(after=after, limit=limit, metadata=metadata)
-        ).json()
-        return SyncPage(
-            [FineTuningJob.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(after=cursor, limit=limit, metadata=metadata),
-        )
+        self,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        metadata: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> PageRequest[FineTuningJob]:
+        params = _list_params(after=after, limit=limit, metadata=metadata)
+        return PageRequest(raw("GET", JOBS, params=params, timeout=timeout), FineTuningJob)
 
-    def cancel(self, job_id: str) -> FineTuningJob:
-        return FineTuningJob.model_validate(self._t.request("POST", f"{JOBS}/{job_id}/cancel").json())
+    @endpoint
+    def cancel(self, job_id: str, *, timeout: float | None = None) -> APIRequest[FineTuningJob]:
+        return _job("POST", f"{JOBS}/{job_id}/cancel", timeout)
 
-    def pause(self, job_id: str) -> FineTuningJob:
-        return FineTuningJob.model_validate(self._t.request("POST", f"{JOBS}/{job_id}/pause").json())
+    @endpoint
+    def pause(self, job_id: str, *, timeout: float | None = None) -> APIRequest[FineTuningJob]:
+        """Checkpoint the job and release its GPUs; `resume` continues from that checkpoint."""
+        return _job("POST", f"{JOBS}/{job_id}/pause", timeout)
 
-    def resume(self, job_id: str) -> FineTuningJob:
-        return FineTuningJob.model_validate(self._t.request("POST", f"{JOBS}/{job_id}/resume").json())
+    @endpoint
+    def resume(self, job_id: str, *, timeout: float | None = None) -> APIRequest[FineTuningJob]:
+        return _job("POST", f"{JOBS}/{job_id}/resume", timeout)
 
+    @paged
     def list_events(
-        self, job_id: str, *, after: str | None = None, limit: int | None = None
-    ) -> SyncPage[JobEvent]:
-        body = self._t.request(
-            "GET", f"{JOBS}/{job_id}/events", params=_params(after=after, limit=limit)
-        ).json()
-        return SyncPage(
-            [JobEvent.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list_events(job_id, after=cursor, limit=limit),
-        )
+        self, job_id: str, *, after: str | None = None, limit: int | None = None, timeout: float | None = None
+    ) -> PageRequest[JobEvent]:
+        params = _list_params(after=after, limit=limit)
+        return PageRequest(raw("GET", f"{JOBS}/{job_id}/events", params=params, timeout=timeout), JobEvent)
 
+    @paged
     def metrics(
-        self, job_id: str, *, after: int | None = None, limit: int | None = None
-    ) -> SyncPage[MetricRow]:
-        body = self._t.request(
-            "GET", f"{JOBS}/{job_id}/metrics", params=_params(after=after, limit=limit)
-        ).json()
-        return SyncPage(
-            [MetricRow.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.metrics(job_id, after=cursor, limit=limit),
-        )
+        self, job_id: str, *, after: int | None = None, limit: int | None = None, timeout: float | None = None
+    ) -> PageRequest[MetricRow]:
+        """Per-step metric rows (a tunehouse extension), paged by step."""
+        params = _list_params(after=after, limit=limit)
+        return PageRequest(raw("GET", f"{JOBS}/{job_id}/metrics", params=params, timeout=timeout), MetricRow)
 
-    def stream(self, job_id: str, *, last_event_id: str | None = None) -> Iterator[StreamItem]:
+    @streamed
+    def stream(
+        self, job_id: str, *, last_event_id: str | None = None, timeout: float | None = None
+    ) -> EventStream:
         """Events and metric rows as they happen (history first), ending with a `StreamEnd`.
 
         A dropped connection, or a stream the server ended early (it drains on SIGTERM), is resumed where
-        it stopped (`Last-Event-ID`), so no item is lost or repeated.
-        """
-        reconnects = 0
-        decoder = SSEDecoder()
-        decoder.last_event_id = last_event_id
-        while True:
-            try:
-                with self._t.http.stream(
-                    "GET",
-                    f"{JOBS}/{job_id}/stream",
-                    headers=_headers(decoder.last_event_id),
-                    timeout=STREAM_TIMEOUT,
-                ) as response:
-                    if not response.is_success:
-                        response.read()
-                        delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, response)
-                        if delay is None:
-                            raise status_error(response)
-                        time.sleep(delay)  # 503 during an outage or a restart: Retry-After, then again
-                        reconnects += 1
-                        continue
-                    for line in response.iter_lines():
-                        for item in _decode(decoder, line):
-                            reconnects = 0
-                            yield item
-                            if isinstance(item, StreamEnd):
-                                return
-            except httpx.TransportError as exc:
-                delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, None)
-                if delay is None:
-                    raise connection_error(exc) from exc
-                time.sleep(delay)
-                reconnects += 1
-                continue
-            # ended before the job did: the server is draining (a restart, a deploy); come back
-            delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, None)
-            if delay is None:
-                raise APIConnectionError("the stream ended before the job did")
-            time.sleep(delay)
-            reconnects += 1
+        it stopped (`Last-Event-ID`), so no item is lost or repeated. `timeout`: seconds without a byte
+        before reconnecting (default 60; the server sends a keep-alive every 15 s)."""
+        return EventStream(f"{JOBS}/{job_id}/stream", last_event_id, timeout)
 
+    @endpoint
     def wait(
         self,
         job_id: str,
         *,
         timeout: float | None = None,
         on_item: Callable[[StreamItem], None] | None = None,
-    ) -> FineTuningJob:
-        """Block until the job ends and return it; `on_item` sees every streamed event and metric row."""
-        deadline = time.monotonic() + timeout if timeout else None
-        for item in self.stream(job_id):
-            if on_item:
-                on_item(item)
-            if deadline and time.monotonic() > deadline:
-                raise WaitTimeout(f"job {job_id} did not finish within {timeout} s")
-        return self.retrieve(job_id)
+    ) -> _Wait:
+        """Block until the job ends and return it; `on_item` sees every streamed event and metric row.
+        Raises `WaitTimeout` after `timeout` seconds (the job keeps running)."""
+        return _Wait(job_id, timeout, on_item)
 
 
-class AsyncCheckpoints:
+class Checkpoints(_Checkpoints, SyncAPIResource):
+    pass
+
+
+class AsyncCheckpoints(_Checkpoints, AsyncAPIResource):
+    pass
+
+
+class Jobs(_Jobs, SyncAPIResource):
+    def __init__(self, transport: SyncTransport) -> None:
+        super().__init__(transport)
+        self.checkpoints = Checkpoints(transport)
+
+
+class AsyncJobs(_Jobs, AsyncAPIResource):
     def __init__(self, transport: AsyncTransport) -> None:
-        self._t = transport
-
-    async def list(
-        self, job_id: str, *, after: str | None = None, limit: int | None = None
-    ) -> AsyncPage[Checkpoint]:
-        response = await self._t.request(
-            "GET", f"{JOBS}/{job_id}/checkpoints", params=_params(after=after, limit=limit)
-        )
-        body = response.json()
-        return AsyncPage(
-            [Checkpoint.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(job_id, after=cursor, limit=limit),
-        )
-
-    async def download(
-        self,
-        job_id: str,
-        checkpoint_id: str,
-        path: str | Path,
-        *,
-        progress: Callable[[int, int | None], None] | None = None,
-    ) -> Path:
-        """Stream a checkpoint (a tar of the Hugging Face model folder) to `path`; `progress(done, total)`."""
-        sink = _DownloadSink(path, progress)
-        try:
-            url = f"{JOBS}/{job_id}/checkpoints/{checkpoint_id}/content"
-            async with self._t.http.stream("GET", url) as response:
-                if not response.is_success:
-                    await response.aread()
-                    raise status_error(response)
-                sink.start(response)
-                async for chunk in response.aiter_bytes(1024 * 1024):
-                    sink.write(chunk)
-        except httpx.TransportError as exc:
-            sink.abort()
-            raise connection_error(exc) from exc
-        except BaseException:
-            sink.abort()
-            raise
-        return sink.finish()
-
-
-class AsyncJobs:
-    def __init__(self, transport: AsyncTransport) -> None:
-        self._t = transport
+        super().__init__(transport)
         self.checkpoints = AsyncCheckpoints(transport)
-
-    async def create(self, *, model: str, training_file: str, **fields: Any) -> FineTuningJob:
-        body = _create_body(model=model, training_file=training_file, **fields)
-        return FineTuningJob.model_validate((await self._t.request("POST", JOBS, json=body)).json())
-
-    async def retrieve(self, job_id: str) -> FineTuningJob:
-        return FineTuningJob.model_validate((await self._t.request("GET", f"{JOBS}/{job_id}")).json())
-
-    async def list(
-        self, *, after: str | None = None, limit: int | None = None, metadata: dict[str, str] | None = None
-    ) -> AsyncPage[FineTuningJob]:
-        body = (
-            await self._t.request("GET", JOBS, params=_params(after=after, limit=limit, metadata=metadata))
-        ).json()
-        return AsyncPage(
-            [FineTuningJob.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(after=cursor, limit=limit, metadata=metadata),
-        )
-
-    async def cancel(self, job_id: str) -> FineTuningJob:
-        return FineTuningJob.model_validate((await self._t.request("POST", f"{JOBS}/{job_id}/cancel")).json())
-
-    async def pause(self, job_id: str) -> FineTuningJob:
-        return FineTuningJob.model_validate((await self._t.request("POST", f"{JOBS}/{job_id}/pause")).json())
-
-    async def resume(self, job_id: str) -> FineTuningJob:
-        return FineTuningJob.model_validate((await self._t.request("POST", f"{JOBS}/{job_id}/resume")).json())
-
-    async def list_events(
-        self, job_id: str, *, after: str | None = None, limit: int | None = None
-    ) -> AsyncPage[JobEvent]:
-        response = await self._t.request(
-            "GET", f"{JOBS}/{job_id}/events", params=_params(after=after, limit=limit)
-        )
-        body = response.json()
-        return AsyncPage(
-            [JobEvent.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list_events(job_id, after=cursor, limit=limit),
-        )
-
-    async def metrics(
-        self, job_id: str, *, after: int | None = None, limit: int | None = None
-    ) -> AsyncPage[MetricRow]:
-        response = await self._t.request(
-            "GET", f"{JOBS}/{job_id}/metrics", params=_params(after=after, limit=limit)
-        )
-        body = response.json()
-        return AsyncPage(
-            [MetricRow.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.metrics(job_id, after=cursor, limit=limit),
-        )
-
-    async def stream(self, job_id: str, *, last_event_id: str | None = None) -> AsyncIterator[StreamItem]:
-        decoder = SSEDecoder()
-        decoder.last_event_id = last_event_id
-        reconnects = 0
-        while True:
-            try:
-                async with self._t.http.stream(
-                    "GET",
-                    f"{JOBS}/{job_id}/stream",
-                    headers=_headers(decoder.last_event_id),
-                    timeout=STREAM_TIMEOUT,
-                ) as response:
-                    if not response.is_success:
-                        await response.aread()
-                        delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, response)
-                        if delay is None:
-                            raise status_error(response)
-                        await asyncio.sleep(delay)  # 503 during an outage or a restart: Retry-After
-                        reconnects += 1
-                        continue
-                    async for line in response.aiter_lines():
-                        for item in _decode(decoder, line):
-                            reconnects = 0
-                            yield item
-                            if isinstance(item, StreamEnd):
-                                return
-            except httpx.TransportError as exc:
-                delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, None)
-                if delay is None:
-                    raise connection_error(exc) from exc
-                reconnects += 1
-                await asyncio.sleep(delay)
-                continue
-            # ended before the job did: the server is draining (a restart, a deploy); come back
-            delay = retry_delay("GET", "", reconnects, STREAM_RECONNECTS, None)
-            if delay is None:
-                raise APIConnectionError("the stream ended before the job did")
-            reconnects += 1
-            await asyncio.sleep(delay)
-
-    async def wait(
-        self, job_id: str, *, on_item: Callable[[StreamItem], None] | None = None
-    ) -> FineTuningJob:
-        async for item in self.stream(job_id):
-            if on_item:
-                on_item(item)
-        return await self.retrieve(job_id)

@@ -1,51 +1,59 @@
 """`client.webhooks`: endpoints that receive signed job events (a tunehouse extension), and their
-delivery logs."""
+delivery logs.
+
+Each method is written once, for both clients (see `tunehouse._resource`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from tunehouse._base_client import AsyncTransport, SyncTransport
-from tunehouse._pagination import AsyncPage, SyncPage
+from tunehouse._base_client import IDEMPOTENCY_HEADER, APIRequest, compact, new_idempotency_key, raw
+from tunehouse._pagination import PageRequest
+from tunehouse._resource import AsyncAPIResource, SyncAPIResource, endpoint, paged, parse_as
 from tunehouse.types import WebhookDelivery, WebhookEndpoint, WebhookEndpointDeleted
 
 PATH = "/v1/webhooks"
 
 
-def _body(url: str, events: list[str] | None, description: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"url": url, "events": events, "description": description}
-    return {k: v for k, v in body.items() if v is not None}
-
-
-def _params(**params: Any) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if v is not None}
-
-
-class Webhooks:
-    def __init__(self, transport: SyncTransport) -> None:
-        self._t = transport
-
+class _Webhooks:
+    @endpoint
     def create(
-        self, *, url: str, events: list[str] | None = None, description: str | None = None
-    ) -> WebhookEndpoint:
-        """The answer's `secret` verifies the requests' signatures; it is shown only here."""
-        response = self._t.request("POST", PATH, json=_body(url, events, description))
-        return WebhookEndpoint.model_validate(response.json())
+        self,
+        *,
+        url: str,
+        events: list[str] | None = None,
+        description: str | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> APIRequest[WebhookEndpoint]:
+        """The answer's `secret` verifies the requests' signatures; it is shown only here.
 
-    def list(self, *, after: str | None = None, limit: int | None = None) -> SyncPage[WebhookEndpoint]:
-        body = self._t.request("GET", PATH, params=_params(after=after, limit=limit)).json()
-        return SyncPage(
-            [WebhookEndpoint.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(after=cursor, limit=limit),
+        Sent with an `Idempotency-Key` but never retried automatically: the server does not deduplicate
+        this POST, so a repeat would create a second endpoint with another secret."""
+        key = idempotency_key or new_idempotency_key()
+        return APIRequest(
+            "POST",
+            PATH,
+            parse_as(WebhookEndpoint),
+            json=compact(url=url, events=events, description=description),
+            headers={IDEMPOTENCY_HEADER: key},
+            timeout=timeout,
         )
 
-    def retrieve(self, webhook_id: str) -> WebhookEndpoint:
-        return WebhookEndpoint.model_validate(self._t.request("GET", f"{PATH}/{webhook_id}").json())
+    @paged
+    def list(
+        self, *, after: str | None = None, limit: int | None = None, timeout: float | None = None
+    ) -> PageRequest[WebhookEndpoint]:
+        params = compact(after=after, limit=limit)
+        return PageRequest(raw("GET", PATH, params=params, timeout=timeout), WebhookEndpoint)
 
-    def delete(self, webhook_id: str) -> WebhookEndpointDeleted:
-        return WebhookEndpointDeleted.model_validate(self._t.request("DELETE", f"{PATH}/{webhook_id}").json())
+    @endpoint
+    def retrieve(self, webhook_id: str, *, timeout: float | None = None) -> APIRequest[WebhookEndpoint]:
+        return APIRequest("GET", f"{PATH}/{webhook_id}", parse_as(WebhookEndpoint), timeout=timeout)
 
+    @endpoint
+    def delete(self, webhook_id: str, *, timeout: float | None = None) -> APIRequest[WebhookEndpointDeleted]:
+        return APIRequest("DELETE", f"{PATH}/{webhook_id}", parse_as(WebhookEndpointDeleted), timeout=timeout)
+
+    @paged
     def list_deliveries(
         self,
         webhook_id: str,
@@ -53,53 +61,16 @@ class Webhooks:
         status: str | None = None,
         after: str | None = None,
         limit: int | None = None,
-    ) -> SyncPage[WebhookDelivery]:
-        params = _params(status=status, after=after, limit=limit)
-        body = self._t.request("GET", f"{PATH}/{webhook_id}/deliveries", params=params).json()
-        return SyncPage(
-            [WebhookDelivery.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list_deliveries(webhook_id, status=status, after=cursor, limit=limit),
-        )
+        timeout: float | None = None,
+    ) -> PageRequest[WebhookDelivery]:
+        params = compact(status=status, after=after, limit=limit)
+        url = f"{PATH}/{webhook_id}/deliveries"
+        return PageRequest(raw("GET", url, params=params, timeout=timeout), WebhookDelivery)
 
 
-class AsyncWebhooks:
-    def __init__(self, transport: AsyncTransport) -> None:
-        self._t = transport
+class Webhooks(_Webhooks, SyncAPIResource):
+    pass
 
-    async def create(
-        self, *, url: str, events: list[str] | None = None, description: str | None = None
-    ) -> WebhookEndpoint:
-        response = await self._t.request("POST", PATH, json=_body(url, events, description))
-        return WebhookEndpoint.model_validate(response.json())
 
-    async def list(self, *, after: str | None = None, limit: int | None = None) -> AsyncPage[WebhookEndpoint]:
-        body = (await self._t.request("GET", PATH, params=_params(after=after, limit=limit))).json()
-        return AsyncPage(
-            [WebhookEndpoint.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list(after=cursor, limit=limit),
-        )
-
-    async def retrieve(self, webhook_id: str) -> WebhookEndpoint:
-        return WebhookEndpoint.model_validate((await self._t.request("GET", f"{PATH}/{webhook_id}")).json())
-
-    async def delete(self, webhook_id: str) -> WebhookEndpointDeleted:
-        response = await self._t.request("DELETE", f"{PATH}/{webhook_id}")
-        return WebhookEndpointDeleted.model_validate(response.json())
-
-    async def list_deliveries(
-        self,
-        webhook_id: str,
-        *,
-        status: str | None = None,
-        after: str | None = None,
-        limit: int | None = None,
-    ) -> AsyncPage[WebhookDelivery]:
-        params = _params(status=status, after=after, limit=limit)
-        body = (await self._t.request("GET", f"{PATH}/{webhook_id}/deliveries", params=params)).json()
-        return AsyncPage(
-            [WebhookDelivery.model_validate(x) for x in body["data"]],
-            body["has_more"],
-            lambda cursor: self.list_deliveries(webhook_id, status=status, after=cursor, limit=limit),
-        )
+class AsyncWebhooks(_Webhooks, AsyncAPIResource):
+    pass
