@@ -53,6 +53,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -292,10 +293,16 @@ def build_model(name: str) -> dict[str, Any]:
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if name in BF16_ON_DISK else torch.float32
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(SEED)
-        model = LlamaForCausalLM(config).to(dtype)
+    previous = torch.get_default_dtype()
+    try:  # initialised in the dtype it is saved in: an 8B model in fp32 would take 32 GB first
+        torch.set_default_dtype(dtype)
+        with torch.random.fork_rng(devices=[]), torch.device(device):
+            torch.manual_seed(SEED)
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
     partial = out.with_name(out.name + ".partial")  # a run killed mid-write leaves no half model behind
+    shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     partial.rename(out)
@@ -409,10 +416,15 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    run = tvt.run_ours if cell.impl == "ours" else tvt.run_trl
     with tempfile.TemporaryDirectory() as out:
         torch.manual_seed(SEED)
-        clock = run(method, model, size, Path(out), SEED, overrides=overrides(cell))
+        if cell.impl == "ours":
+            clock = tvt.run_ours(
+                method, model, size, Path(out), SEED, overrides=overrides(cell), final_checkpoint=False
+            )
+        else:
+            clock = tvt.run_trl(method, model, size, Path(out), SEED, overrides=overrides(cell))
+        wrote = any(Path(out).rglob("*.safetensors"))  # neither side should spend the cell's time on it
     units, rate = tvt.rate_of(method, size, clock)
     row: dict[str, Any] = {
         "units": units,
@@ -422,6 +434,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         "first_step_s": clock.ends[0] - clock.start,
         "steps": len(clock.ends),
         "first_loss": clock.first_loss,
+        "wrote_checkpoint": wrote,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_memory_reason": None if cuda else "CPU: no per-run peak of device memory (RSS is per process)",
         "tflops": None,
@@ -509,6 +522,12 @@ def child(items: list[dict[str, Any]]) -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()  # TRL's dataset preparation, in the log for every cell
+    except ImportError:  # the probe says so; the TRL cells fail with it
+        pass
     levers = {item["lever"] for item in items if item["kind"] == "cell"}
     lever_error = None
     if len(levers) > 1:

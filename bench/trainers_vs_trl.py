@@ -362,9 +362,12 @@ def run_ours(
     seed: int,
     *,
     overrides: dict[str, Any] | None = None,
+    final_checkpoint: bool = True,
 ) -> Clock:
     """Our trainer for ``method`` on ``size``'s rows; ``overrides`` replace or add config fields (the GPU
-    suite's gradient checkpointing, GRPO's prompt length)."""
+    suite's gradient checkpointing, GRPO's prompt length). Without ``final_checkpoint`` the run is
+    cancelled before a step past ``size.steps``, so it writes no checkpoint (TRL's runs save none: an 8B
+    LoRA's merged weights are 16 GB to write after the timed steps)."""
     from bench import ours
 
     rows = make_rows(size)
@@ -383,13 +386,18 @@ def run_ours(
                 if key in row:
                     clock.extra.setdefault("completion_length", []).append(row[key])
 
+        def should_stop(self) -> str | None:
+            return "cancel" if not final_checkpoint and len(clock.ends) >= size.steps else None
+
     callbacks: ours.TrainingCallbacks = Timing()
     common: dict[str, Any] = {
         "model_path": str(model),
         "output_dir": str(out),
         "batch_size": size.batch_size,
         "gradient_accumulation_steps": size.grad_accum,
-        "max_steps": size.steps,
+        # without the final checkpoint, a step more (a second epoch's first) that the callback cancels
+        "max_steps": size.steps + (0 if final_checkpoint else 1),
+        "n_epochs": 1 if final_checkpoint else 2,
         "seed": seed,
         "mixed_precision": precision(),
         "save_minutes": 0.0,
@@ -406,8 +414,7 @@ def run_ours(
         ours.train_dpo(config_d, rows["pairs"], callbacks=callbacks)
     elif method == SWEEP:
         config_dpo = ours.DPOConfig(
-            **{**common, "max_steps": None},
-            n_epochs=1,
+            **{**common, "max_steps": None, "n_epochs": 1},
             max_length=size.max_length,
             precompute_ref_log_probs=True,
             reference_cache_file=str(sweep_cache(model)),

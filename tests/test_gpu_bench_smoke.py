@@ -60,6 +60,7 @@ def test_every_base_row_has_numbers(smoke: dict[str, Any]) -> None:
         assert row["rate"] > 0 and row["step_s"] > 0 and row["first_step_s"] > 0
         assert row["steps"] == gpu_suite.WORKLOADS[("smoke", row["method"])].steps
         assert math.isfinite(row["first_loss"])
+        assert row["wrote_checkpoint"] is False  # ours is cancelled before its final checkpoint
         # a CPU has no device-memory peak: the field is there, null, with the reason
         assert row["peak_memory_gib"] is None and "CPU" in row["peak_memory_reason"]
         assert row["mfu"] is None and row["mfu_reason"]
