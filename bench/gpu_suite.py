@@ -292,6 +292,8 @@ def build_model(name: str) -> dict[str, Any]:
         pad_token_id=tokenizer.pad_token_id,
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and name != "smoke":  # minutes and 32 GB of RAM for 8B, for cells that won't run
+        return {"kind": "build", "model": name, "status": "skipped", "reason": "no GPU here"}
     dtype = torch.bfloat16 if name in BF16_ON_DISK else torch.float32
     previous = torch.get_default_dtype()
     try:  # initialised in the dtype it is saved in: an 8B model in fp32 would take 32 GB first
@@ -470,7 +472,8 @@ def check_sft_loss() -> dict[str, Any]:
     path = model_dir("smoke")
     rows = make_rows(WORKLOADS[("smoke", "sft_lora")])["sft"][:4]
     tokenizer = AutoTokenizer.from_pretrained(tvt_model_path("tiny"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = torch.nn.Module.to(model, device).eval()  # (transformers' typed `to` rejects a device)
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = trl.SFTConfig(
@@ -619,9 +622,11 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry["speed_ratio"] = mine["rate"] / theirs["rate"] if mine and theirs else None
         mem = (mine or {}).get("peak_memory_gib"), (theirs or {}).get("peak_memory_gib")
         entry["memory_ratio"] = mem[0] / mem[1] if mem[0] and mem[1] else None
-        losses = (mine or {}).get("first_loss"), (theirs or {}).get("first_loss")
-        same_batch = method in COMPARED_LOSSES and lever not in ("qlora", "varlen")
-        entry["loss_delta"] = abs(losses[0] - losses[1]) if same_batch and None not in losses else None
+        mine_loss, theirs_loss = (mine or {}).get("first_loss"), (theirs or {}).get("first_loss")
+        same_batch = method in COMPARED_LOSSES and lever not in ("qlora", "varlen")  # 4-bit, packed: not
+        entry["loss_delta"] = None
+        if same_batch and mine_loss is not None and theirs_loss is not None:
+            entry["loss_delta"] = abs(mine_loss - theirs_loss)
         entry["gain_over_base"] = mine["rate"] / base["rate"] if mine and base and lever != "base" else None
         out.append(entry)
     return out
@@ -927,16 +932,19 @@ def main(argv: list[str] | None = None) -> int:
         say(f"probe, build {', '.join(models)}" + ("" if args.no_correctness else ", SFT loss check"))
         done = run_children(setup, timeout=max(120.0, budget), log=log)
         take_setup(done)
-        plan_rows(cuda=results["machine"].get("gpu") is not None)
-        unbuilt = {b["model"]: b["reason"] for b in results["builds"] if b["status"] != "ok"}
+        cuda = results["machine"].get("gpu") is not None
+        plan_rows(cuda=cuda)
+        unbuilt = {
+            b["model"]: f"model not built: {b['reason']}" for b in results["builds"] if b["status"] != "ok"
+        }
+        if not cuda:  # billion-parameter cells on a CPU would only run into their timeouts
+            unbuilt = {model: "no GPU here (--smoke runs the suite on a CPU)" for model in models}
         write(results, places)
         for cell in pending:  # a child per cell: its peak is its own, and a lever patches its process
             row = {"kind": "cell", **dataclasses.asdict(cell)}
             left = budget - (time.perf_counter() - started)
             if cell.model in unbuilt:
-                _replace(
-                    rows, {**row, "status": "skipped", "reason": f"model not built: {unbuilt[cell.model]}"}
-                )
+                _replace(rows, {**row, "status": "skipped", "reason": unbuilt[cell.model]})
             elif left <= 0:
                 _replace(rows, {**row, "status": "skipped", "reason": "time budget spent"})
             else:
