@@ -3,6 +3,7 @@
     make bench-gpu                          # the whole suite on CUDA, cells started within 420 s
     make bench-gpu ARGS="--smoke"           # the same code on a CPU with tiny shapes (make test runs it)
     python -m bench.gpu_suite --only qwen2.5-1.5b:sft_lora --budget-s 120
+    python -m bench.gpu_suite --correctness         # only the loss checks (~2 minutes on a GPU)
 
 On the device machine (docs/gpu-bench.md has the why; 540 s leaves room for the start and one rerun):
 
@@ -30,8 +31,9 @@ process so that ``torch.cuda.max_memory_allocated`` is that run's own):
   package is missing is a row "not installed", one that needs CUDA is "needs CUDA" on a CPU, never a
   crash; CUDA graphs are "not built" (micro-batches change length every step).
 - **correctness** (``correctness``): our SFT loss against TRL's ``compute_loss`` on one batch on the
-  device (bf16 autocast on CUDA: |Δ| ≤ 1e-2 × loss; fp32 on a CPU: 1e-4 × loss), and the first-step
-  losses of the rows that train the same batch with the same loss (SFT, DPO: 1e-3 × loss).
+  device (bf16 autocast on CUDA: |Δ| ≤ 1e-2 × loss; fp32 on a CPU: 1e-4 × loss), the first-step
+  losses of the rows that train the same batch with the same loss (SFT, DPO: 1e-3 × loss), and on a
+  GPU the trainer tests that take its path (``PYTEST_FILES``, their own tolerances; ``pytest``).
 
 Cells run in ``PLAN``'s order, most important first, until ``--budget-s`` is spent; the rest are rows
 "skipped" with that reason. The results (schema ``SCHEMA``) are rewritten after every cell to
@@ -248,6 +250,18 @@ PLAN: list[tuple[str, str, str]] = [
     ("qwen2.5-0.5b", "dpo", "base"),
     ("qwen2.5-0.5b", "grpo", "base"),
 ]
+# --correctness: the cells whose first-step losses are compared, at the smallest size, then PYTEST_FILES
+CORRECTNESS_PLAN: list[tuple[str, str, str]] = [("qwen2.5-0.5b", m, "base") for m in sorted(COMPARED_LOSSES)]
+# trainer tests that take the CUDA path where there is one (the chunked head and the layers that keep less
+# for backward against transformers' own forwards, under bf16 autocast); run with --confcutdir so that
+# tests/conftest.py (the service's fixtures, whose packages the device lacks) is not loaded
+PYTEST_FILES = (
+    "tests/trainers/test_losses.py",
+    "tests/trainers/test_target_log_probs.py",
+    "tests/trainers/test_precision.py",
+    "tests/trainers/test_activation_memory.py",
+)
+PYTEST_TIMEOUT_S = 240.0
 SMOKE_PLAN: list[tuple[str, str, str]] = [
     ("smoke", "sft_lora", "base"),
     ("smoke", "sft_full", "base"),
@@ -594,6 +608,33 @@ def run_children(items: list[dict[str, Any]], timeout: float, log: Path | None) 
     return results
 
 
+def run_pytest(timeout: float, log: Path | None) -> dict[str, Any]:
+    """``PYTEST_FILES`` on this machine's device: the summary line, and the tail of a failure."""
+    command = [sys.executable, "-m", "pytest", *PYTEST_FILES, "--confcutdir=tests/trainers", "-q"]
+    command += ["-p", "no:cacheprovider"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        code = None
+    if log is not None:
+        with log.open("a", encoding="utf-8") as f:
+            f.write(f"$ {' '.join(command)}\n{output[-20000:]}\n")
+    lines = [line for line in output.splitlines() if line.strip()]
+    return {
+        "command": " ".join(["python -m pytest", *command[3:]]),
+        "returncode": code,
+        "passed": code == 0,
+        "summary": lines[-1] if lines else "no output",
+        "tail": None if code == 0 else lines[-30:],
+    }
+
+
 def availability(lever: Lever, cuda: bool) -> str | None:
     """Why ``lever`` cannot run here (a row's status and reason), or None."""
     if lever.package and importlib.util.find_spec(lever.package) is None:
@@ -807,6 +848,9 @@ def markdown(results: dict[str, Any]) -> str:
         else:
             diff, tolerance = check["abs_diff"], check["tolerance"]
             lines.append(f"| {check['check']} | {diff:.1e} | {tolerance:.1e} | {check['passed']} |")
+    if results.get("pytest"):
+        run = results["pytest"]
+        lines += ["", f"`{run['command']}`: {run['summary']}"]
     return "\n".join(lines)
 
 
@@ -844,6 +888,12 @@ def main(argv: list[str] | None = None) -> int:
         "--results-dir", type=Path, default=None, help="default bench/results (none with --smoke)"
     )
     parser.add_argument("--no-correctness", action="store_true", help="leave out the SFT loss check")
+    parser.add_argument(
+        "--correctness",
+        action="store_true",
+        help="only the loss checks: the SFT check, the 0.5B cells whose first losses are compared, and "
+        "the trainer tests that take the CUDA path (PYTEST_FILES)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -861,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     log = args.out / "gpu-suite.log" if args.out else None
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    plan = SMOKE_PLAN if args.smoke else PLAN
+    plan = SMOKE_PLAN if args.smoke else CORRECTNESS_PLAN if args.correctness else PLAN
     if args.only:
         wanted = [tuple(spec.split(":")) for spec in args.only.split(",")]
         plan = [p for p in plan if p[:2] in wanted or p in wanted]
@@ -939,6 +989,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if not cuda:  # billion-parameter cells on a CPU would only run into their timeouts
             unbuilt = {model: "no GPU here (--smoke runs the suite on a CPU)" for model in models}
+        if cuda and not args.no_correctness:  # first: ~30 s, and a Done-when of the suite
+            say("pytest " + " ".join(PYTEST_FILES))
+            results["pytest"] = run_pytest(PYTEST_TIMEOUT_S, log)
+            say(results["pytest"]["summary"])
         write(results, places)
         for cell in pending:  # a child per cell: its peak is its own, and a lever patches its process
             row = {"kind": "cell", **dataclasses.asdict(cell)}
