@@ -40,9 +40,9 @@ Cells run in ``PLAN``'s order, most important first, until ``--budget-s`` is spe
 ``bench/results/gpu-<date>-<gpu>.json`` (``--results-dir``) and to ``--out``, so a run cut short keeps
 what it measured; the markdown table is printed and written next to them.
 
-``--smoke`` runs the same plan code on the CPU with the ``smoke`` model and shapes, all cells in one
-child process (``--isolation group``: a CPU has no per-run peak to keep apart, and 2 cores start a
-child in ~8 s): tests/test_gpu_bench_smoke.py checks its results file, so the suite cannot rot between
+``--smoke`` runs the same cell code on the CPU with the ``smoke`` model and shapes, setup and cells in
+one child process (a CPU has no per-run device peak to keep apart, and 2 shared cores take ~8 s to
+start a child): tests/test_gpu_bench_smoke.py checks its results file, so the suite cannot rot between
 GPU runs.
 """
 
@@ -855,6 +855,10 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def write(results: dict[str, Any], places: list[Path]) -> list[Path]:
+    measured = results.get("machine", {}).get("matmul_bf16_flops")
+    for row in results["rows"]:  # MFU against the matmul rate this GPU showed, beside the datasheet's
+        if row["status"] == "ok" and row.get("tflops") and measured:
+            row["mfu_measured"] = row["tflops"] * 1e12 / measured
     results["comparisons"] = compare(results["rows"])
     results["targets"] = targets(results["rows"], results["comparisons"])
     results["correctness"] = results["sft_checks"] + loss_checks(results["comparisons"], results["rows"])
