@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint format docs bench clean
+.PHONY: setup run test lint format docs bench bench-gpu clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -44,6 +44,12 @@ TRAINER_BENCH ?=
 bench: setup
 	$(if $(findstring --skip,$(TRAINER_BENCH)),,$(PY) -m bench.trainers_vs_trl $(TRAINER_BENCH))
 	$(PY) -m pytest bench -m slow -p no:cacheprovider $(ARGS)
+
+# the GPU suite, ours against TRL at 0.5B-8B shapes on one GPU (bench/gpu_suite.py, docs/gpu-bench.md):
+# ARGS="--smoke" runs it on a CPU with tiny shapes; GPU_PY=python3 uses a machine's own Python (and torch)
+# instead of the venv, as on the device machine, where nothing can be installed
+bench-gpu: $(if $(GPU_PY),,setup)
+	$(or $(GPU_PY),$(PY)) -m bench.gpu_suite $(ARGS)
 
 clean:
 	rm -rf $(VENV) .tunehouse .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache

@@ -11,7 +11,11 @@ One training pass (forward + backward) over an example of ``t`` real tokens, ``k
 embedding table, the norms or the head. The count is the same for ours and TRL's: work neither side can
 skip. TRL also runs the head on prompt and padding positions; that is not counted as useful work. MFU is
 those FLOPs per second over the GPU's dense bf16 peak (the datasheet's, and the matmul rate measured in the
-same run). Full fine-tuning only: LoRA skips the frozen weights' gradients, so 6 would overcount.
+same run).
+
+LoRA (``trained_weights=False``) skips the frozen weights' gradients: 2 FLOPs per weight and token
+forward and 2 backward (the input's gradient), so the first two terms take 4 instead of 6; attention's
+term is unchanged (it has no weights), and the adapters' own products (rank r, r << d) are not counted.
 """
 
 from __future__ import annotations
@@ -40,19 +44,22 @@ def decoder_matmul_weights(config: Any) -> int:
     return int(layers * (q_and_o + k_and_v + mlp))
 
 
-def training_flops(config: Any, rows: list[RowShape]) -> float:
-    """FLOPs of one forward + backward pass over ``rows`` (the module docstring's formula)."""
+def training_flops(config: Any, rows: list[RowShape], *, trained_weights: bool = True) -> float:
+    """FLOPs of one forward + backward pass over ``rows`` (the module docstring's formula; LoRA's when
+    ``trained_weights`` is False)."""
     d, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     body = decoder_matmul_weights(config)
+    per_weight = 6 if trained_weights else 4
     total = 0.0
     for row in rows:
-        total += 6 * body * row.tokens + 6 * vocab * d * row.targets + 12 * layers * d * row.tokens**2
+        total += per_weight * (body * row.tokens + vocab * d * row.targets) + 12 * layers * d * row.tokens**2
     return total
 
 
-def flops_per_real_token(config: Any, rows: list[RowShape]) -> float:
+def flops_per_real_token(config: Any, rows: list[RowShape], *, trained_weights: bool = True) -> float:
     """Mean training FLOPs per real token over ``rows``: multiply by a measured tokens/s for FLOP/s."""
-    return training_flops(config, rows) / max(1, sum(row.tokens for row in rows))
+    flops = training_flops(config, rows, trained_weights=trained_weights)
+    return flops / max(1, sum(row.tokens for row in rows))
 
 
 def measured_bf16_matmul_rate(size: int = 8192, repeats: int = 10) -> float:

@@ -52,14 +52,13 @@ no EOS penalty, LoRA as above on the policy with the reference as the adapter-di
 sides, seed, fp32. Not equal: TRL's critic is a second copy of the reward model, a separate network
 trained in full next to the LoRA policy (its usual recipe); ours is a zero-initialised ``Linear(hidden,
 1)`` on the policy's last hidden state, trained with the adapter (``trainers/methods/ppo.py``). TRL never
-clips
-gradients (ours: ``max_grad_norm`` 1e6, i.e. never either); TRL steps its LR scheduler per rollout, ours
+clips gradients (ours: ``max_grad_norm`` 1e6, i.e. never either); TRL steps its LR scheduler per rollout, ours
 per optimizer step (constant, so the same). TRL scores the sampled ids, ours re-encodes prompt +
 completion text (EOS appended, as reward-model training encodes pairs); TRL keeps the rollout's log-probs
 from ``generate``'s scores, ours recomputes them in the forward pass that also gives the values; TRL's
 loop runs ``gc.collect()`` twice per rollout. The unit is episodes/s (completions per second over the
 rollouts after the first, sampling, scoring and the PPO epochs included); each side's step is one rollout
-(ours: the end of its last optimizer step). The knob-by-knob table is in git log -p docs/benchmarks.md.
+(ours: the end of its last optimizer step). The knob-by-knob table is in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -80,7 +79,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.model_flops import H200_BF16_DENSE_PEAK, RowShape, flops_per_real_token
-from worker.launch import trainer_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TUNEHOUSE_BENCH_CACHE", Path.home() / ".cache" / "tunehouse-bench"))
@@ -171,10 +169,10 @@ SIZES = {
 # -- models and data ------------------------------------------------------------------------------------
 def model_path(name: str) -> Path:
     if name == "tiny":
-        from trainers.modeling.tiny_model import build_tiny_model
+        from bench import ours
 
         path = CACHE / "tiny"
-        return path if (path / "config.json").exists() else build_tiny_model(path, seed=0)
+        return path if (path / "config.json").exists() else ours.build_tiny_model(path, seed=0)
     if name == "smollm2":
         return smollm2_path()
     if name in RANDOM_CONFIGS:
@@ -283,9 +281,9 @@ def _words(rng: random.Random, vocabulary: list[str], bounds: tuple[int, int]) -
 
 def make_rows(size: Size, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     """Deterministic rows of varied lengths (so padding matters), in each method's format."""
-    from trainers.modeling.tiny_model import CORPUS_PATH
+    from bench import ours
 
-    vocabulary = CORPUS_PATH.read_text(encoding="utf-8").split()
+    vocabulary = ours.CORPUS_PATH.read_text(encoding="utf-8").split()
     rng = random.Random(seed)
     sft, pairs = [], []
     pair_words = (size.completion_words[0], size.completion_words[1] // 2)
@@ -312,9 +310,9 @@ def sweep_cache(model: Path) -> Path:
 
 
 def first_epoch_order(n: int, seed: int) -> list[int]:
-    from trainers.core.loop import epoch_permutation
+    from bench import ours
 
-    return epoch_permutation(seed, 0, n)
+    return ours.epoch_permutation(seed, 0, n)
 
 
 # -- one measurement (child process) --------------------------------------------------------------------
@@ -356,14 +354,26 @@ def cpu_has_bf16_products() -> bool:
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
-def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
-    from trainers.core.callbacks import TrainingCallbacks
-    from trainers.core.loop import NullCallbacks
+def run_ours(
+    method: str,
+    model: Path,
+    size: Size,
+    out: Path,
+    seed: int,
+    *,
+    overrides: dict[str, Any] | None = None,
+    final_checkpoint: bool = True,
+) -> Clock:
+    """Our trainer for ``method`` on ``size``'s rows; ``overrides`` replace or add config fields (the GPU
+    suite's gradient checkpointing, GRPO's prompt length). Without ``final_checkpoint`` the run is
+    cancelled before a step past ``size.steps``, so it writes no checkpoint (TRL's runs save none: an 8B
+    LoRA's merged weights are 16 GB to write after the timed steps)."""
+    from bench import ours
 
     rows = make_rows(size)
     clock = Clock()
 
-    class Timing(NullCallbacks):
+    class Timing(ours.NullCallbacks):
         trained = 0.0
 
         def on_step(self, row: dict[str, float]) -> None:
@@ -376,57 +386,49 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
                 if key in row:
                     clock.extra.setdefault("completion_length", []).append(row[key])
 
-    callbacks: TrainingCallbacks = Timing()
+        def should_stop(self) -> str | None:
+            return "cancel" if not final_checkpoint and len(clock.ends) >= size.steps else None
+
+    callbacks: ours.TrainingCallbacks = Timing()
     common: dict[str, Any] = {
         "model_path": str(model),
         "output_dir": str(out),
         "batch_size": size.batch_size,
         "gradient_accumulation_steps": size.grad_accum,
-        "max_steps": size.steps,
+        # without the final checkpoint, a step more (a second epoch's first) that the callback cancels
+        "max_steps": size.steps + (0 if final_checkpoint else 1),
+        "n_epochs": 1 if final_checkpoint else 2,
         "seed": seed,
         "mixed_precision": precision(),
         "save_minutes": 0.0,
         "learning_rate": 1e-4,
         "use_lora": method not in FULL_FINE_TUNING,
+        **(overrides or {}),
     }
     if method.startswith("sft"):
-        from trainers.methods.sft import SFTConfig, train_sft
-
         packing = method in PADDED_COUNTERPART
-        config = SFTConfig(**common, max_length=size.max_length, packing=packing)
-        train_sft(config, rows["sft"], callbacks=callbacks)
+        config = ours.SFTConfig(**common, max_length=size.max_length, packing=packing)
+        ours.train_sft(config, rows["sft"], callbacks=callbacks)
     elif method == "dpo":
-        from trainers.methods.dpo import DPOConfig, train_dpo
-
-        train_dpo(DPOConfig(**common, max_length=size.max_length), rows["pairs"], callbacks=callbacks)
+        config_d = ours.DPOConfig(**common, max_length=size.max_length)
+        ours.train_dpo(config_d, rows["pairs"], callbacks=callbacks)
     elif method == SWEEP:
-        from trainers.methods.dpo import DPOConfig, train_dpo
-
-        config_dpo = DPOConfig(
-            **{**common, "max_steps": None},
-            n_epochs=1,
+        config_dpo = ours.DPOConfig(
+            **{**common, "max_steps": None, "n_epochs": 1},
             max_length=size.max_length,
             precompute_ref_log_probs=True,
             reference_cache_file=str(sweep_cache(model)),
         )
-        train_dpo(config_dpo, rows["pairs"], callbacks=callbacks)
+        ours.train_dpo(config_dpo, rows["pairs"], callbacks=callbacks)
     elif method == "reward_model":
-        from trainers.methods.reward_model import RewardModelConfig, train_reward_model
-
-        config_rm = RewardModelConfig(**common, max_length=size.max_length)
-        train_reward_model(config_rm, rows["pairs"], callbacks=callbacks)
+        config_rm = ours.RewardModelConfig(**common, max_length=size.max_length)
+        ours.train_reward_model(config_rm, rows["pairs"], callbacks=callbacks)
     elif method == "grpo":
-        from trainers.methods.grpo import GRPOConfig, train_grpo
-        from trainers.rewards.reward_set import RewardSet
-
         grpo = {**common, "batch_size": size.grpo_prompts, "gradient_accumulation_steps": 1}
-        config_g = GRPOConfig(**grpo, num_generations=4, max_completion_length=size.grpo_new_tokens)
-        train_grpo(config_g, rows["prompts"], callbacks=callbacks, rewards=RewardSet.of([reward_has_e]))
+        config_g = ours.GRPOConfig(**grpo, num_generations=4, max_completion_length=size.grpo_new_tokens)
+        rewards = ours.RewardSet.of([reward_has_e])
+        ours.train_grpo(config_g, rows["prompts"], callbacks=callbacks, rewards=rewards)
     elif method == "ppo":
-        from trainers.methods.ppo import PPOConfig, train_ppo
-        from trainers.rewards.graders import ScoreModel
-        from trainers.rewards.reward_set import RewardSet
-
         ppo = {
             **common,
             "batch_size": size.ppo_prompts,  # one micro-batch per rollout, as TRL's below
@@ -435,7 +437,7 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
             "lr_scheduler": "constant",  # TRL steps its scheduler per rollout, ours per optimizer step
             "max_grad_norm": 1e6,  # TRL's PPO loop never clips gradients
         }
-        config_p = PPOConfig(
+        config_p = ours.PPOConfig(
             **ppo,
             num_ppo_epochs=PPO_EPOCHS,
             num_mini_batches=1,
@@ -443,8 +445,8 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
             max_completion_length=size.grpo_new_tokens,
             temperature=1.0,
         )
-        grader = ScoreModel("reward", str(reward_model_path(model)), batch_size=size.ppo_prompts)
-        train_ppo(config_p, rows["prompts"], callbacks=callbacks, rewards=RewardSet.of([grader]))
+        grader = ours.ScoreModel("reward", str(reward_model_path(model)), batch_size=size.ppo_prompts)
+        ours.train_ppo(config_p, rows["prompts"], callbacks=callbacks, rewards=ours.RewardSet.of([grader]))
         # timed per rollout, as TRL's steps are: the end of each rollout's last optimizer step
         clock.ends = clock.ends[PPO_EPOCHS - 1 :: PPO_EPOCHS]
     else:
@@ -452,7 +454,16 @@ def run_ours(method: str, model: Path, size: Size, out: Path, seed: int) -> Cloc
     return clock
 
 
-def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock:
+def run_trl(
+    method: str,
+    model: Path,
+    size: Size,
+    out: Path,
+    seed: int,
+    *,
+    overrides: dict[str, Any] | None = None,
+) -> Clock:
+    """TRL's trainer for ``method`` on ``size``'s rows; ``overrides`` replace or add its config fields."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -516,6 +527,7 @@ def run_trl(method: str, model: Path, size: Size, out: Path, seed: int) -> Clock
     if precision() == "bf16" and peft_config is not None:
         # like ours: the frozen base in bf16 under LoRA (fully fine-tuned weights stay fp32 on both sides)
         common["model_init_kwargs"] = {"dtype": "bfloat16"}
+    common.update(overrides or {})
 
     def ordered(data: list[dict[str, Any]]) -> Dataset:
         return Dataset.from_list([data[i] for i in first_epoch_order(len(data), seed)])
@@ -605,7 +617,7 @@ def run_trl_ppo(model: Path, size: Size, out: Path, seed: int) -> Clock:
         TrainerCallback,
     )
 
-    from trainers.families.rollout import tokenize_rl_rows
+    from bench import ours
 
     rows = make_rows(size)
     clock = Clock()  # before importing trl, as run_trl's other methods
@@ -636,7 +648,7 @@ def run_trl_ppo(model: Path, size: Size, out: Path, seed: int) -> Clock:
     trl_ppo.truncate_response = measured_truncate
     tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")  # TRL's PPO pads queries left
     order = first_epoch_order(len(rows["prompts"]), seed)
-    prompts = tokenize_rl_rows([rows["prompts"][i] for i in order], tokenizer, max_prompt_length=512)
+    prompts = ours.tokenize_rl_rows([rows["prompts"][i] for i in order], tokenizer, max_prompt_length=512)
     dataset = Dataset.from_dict({"input_ids": [list(p.input_ids) for p in prompts]})
     lora = LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
@@ -727,21 +739,7 @@ def child(impl: str, method: str, model_name: str, size_name: str, seed: int) ->
         clock = run(method, model, size, Path(out), seed)
     timed = clock.ends[-1] - clock.ends[0]
     n_timed = len(clock.ends) - 1
-    if method in ("dpo", "reward_model"):
-        units, per_step = "pairs/s", size.batch_size * size.grad_accum
-        rate = per_step * n_timed / timed
-    elif method == SWEEP:
-        units = "pairs/s, whole run"
-        rate = size.n_rows / (clock.ends[-1] - clock.start)
-    elif method == "grpo":
-        units, per_step = "completions/s", size.grpo_prompts * 4
-        rate = per_step * n_timed / timed
-    elif method == "ppo":
-        units, per_step = "episodes/s", size.ppo_prompts  # one completion per prompt
-        rate = per_step * n_timed / timed
-    else:
-        units = "tokens/s"
-        rate = sum(clock.tokens[1:]) / timed
+    units, rate = rate_of(method, size, clock)
     lengths = clock.extra.get("completion_length", [])
     model_flops = sft_flop_rate(model, size, rate) if method in FULL_FINE_TUNING else None
     return {
@@ -762,17 +760,34 @@ def child(impl: str, method: str, model_name: str, size_name: str, seed: int) ->
     }
 
 
-def sft_flop_rate(model: Path, size: Size, tokens_per_second: float) -> float:
-    """Model FLOP/s of an SFT run at ``tokens_per_second`` real tokens (bench/model_flops.py's formula),
-    from the lengths and targets of the rows as our tokenizer cuts them (the same rows on both sides)."""
+def rate_of(method: str, size: Size, clock: Clock) -> tuple[str, float]:
+    """``method``'s unit and its rate over the steps after the first (``SWEEP``: over the whole call)."""
+    timed = clock.ends[-1] - clock.ends[0]
+    n_timed = len(clock.ends) - 1
+    if method in ("dpo", "reward_model"):
+        return "pairs/s", size.batch_size * size.grad_accum * n_timed / timed
+    if method == SWEEP:
+        return "pairs/s, whole run", size.n_rows / (clock.ends[-1] - clock.start)
+    if method == "grpo":
+        return "completions/s", size.grpo_prompts * 4 * n_timed / timed
+    if method == "ppo":
+        return "episodes/s", size.ppo_prompts * n_timed / timed  # one completion per prompt
+    return "tokens/s", sum(clock.tokens[1:]) / timed
+
+
+def sft_flop_rate(model: Path, size: Size, tokens_per_second: float, *, lora: bool = False) -> float:
+    """Model FLOP/s of an SFT run at ``tokens_per_second`` real tokens (bench/model_flops.py's formula,
+    LoRA's with ``lora``), from the lengths and targets of the rows as our tokenizer cuts them (the same
+    rows on both sides)."""
     from transformers import AutoConfig
 
-    from trainers.data.sft import tokenize_sft_rows
-    from trainers.modeling.loading import load_tokenizer
+    from bench import ours
 
-    store = tokenize_sft_rows(make_rows(size)["sft"], load_tokenizer(str(model)), max_length=size.max_length)
+    rows = make_rows(size)["sft"]
+    store = ours.tokenize_sft_rows(rows, ours.load_tokenizer(str(model)), max_length=size.max_length)
     shapes = [RowShape(len(example.input_ids), example.n_trainable) for example in store]
-    return tokens_per_second * flops_per_real_token(AutoConfig.from_pretrained(model), shapes)
+    config = AutoConfig.from_pretrained(model)
+    return tokens_per_second * flops_per_real_token(config, shapes, trained_weights=not lora)
 
 
 # -- the runner -----------------------------------------------------------------------------------------
@@ -785,6 +800,8 @@ def measure(
     command = [sys.executable, "-m", "bench.trainers_vs_trl", "--child", impl, method, model, size, str(seed)]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
     if impl == "ours" or trl_allocator:
+        from worker.launch import trainer_environment  # (not at import: the GPU suite has no service deps)
+
         env = trainer_environment(env)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
