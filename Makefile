@@ -17,8 +17,11 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/tunehouse up $(ARGS)
 
+# the suite in parallel processes (pytest-xdist; tests/conftest.py gives each its own database, Redis
+# databases and blob folder); a test file stays in one process, so its module fixtures start once
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from service.base_models.routes import router as models_router
 from service.config import get_settings
 from service.dashboard.routes import mount_dashboard
 from service.db_reads import close_read_connections
@@ -22,6 +21,7 @@ from service.jobs.methods_api import router as methods_router
 from service.jobs.routes import router as jobs_router
 from service.logs import configure_logging
 from service.middleware import BodyGuard, RequestContext
+from service.models_api.routes import router as models_router
 from service.openapi import install_openapi
 from service.ops import router as ops_router
 from service.shutdown import install_drain_on_signals

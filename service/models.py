@@ -154,7 +154,7 @@ class Checkpoint(Base):
     is_final: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
     # DELETE /v1/models/{name} of a final checkpoint: it no longer lists, serves or trains further; its
-    # blobs go once nothing refers to them (service/base_models/lifecycle.py), then blob_key is ""
+    # blobs go once nothing refers to them (service/models_api/lifecycle.py), then blob_key is ""
     deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 

@@ -65,7 +65,7 @@ def resolve_model_path(
     include_deleted: bool = False,
 ) -> str:
     """`include_deleted`: for a job's own inputs; a job created before its base model was deleted still
-    trains from it (the blobs are kept until it ends, service/base_models/lifecycle.py)."""
+    trains from it (the blobs are kept until it ends, service/models_api/lifecycle.py)."""
     if name.startswith("ft:"):
         with session_scope() as session:
             ckpt = find_final_checkpoint(

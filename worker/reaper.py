@@ -7,7 +7,7 @@ Every `reconcile_seconds` it
 - re-sends queued jobs that no worker claimed in time: their message was never sent (broker down at
   creation) or was lost (broker restart) (service/jobs/dispatch.py);
 - removes the blobs of deleted models that an unfinished job held until now
-  (service/base_models/lifecycle.py);
+  (service/models_api/lifecycle.py);
 - advertises this worker's GPUs, and notes on each queued job that no live worker can hold that it
   waits for one (service/jobs/capacity.py).
 Every worker runs one; running several is harmless: each transition is a compare-and-set on the row.
@@ -19,12 +19,12 @@ import logging
 import threading
 import time
 
-from service.base_models.lifecycle import sweep_deleted_models
 from service.config import get_settings
 from service.db import session_scope
 from service.jobs.capacity import advertise, note_unfit_jobs, retire
 from service.jobs.dispatch import reconcile
 from service.models import Job
+from service.models_api.lifecycle import sweep_deleted_models
 from service.storage import get_blob_store
 from worker import lease
 from worker.launch import worker_gpus

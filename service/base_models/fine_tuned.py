@@ -4,7 +4,7 @@ the tenant. Causal LMs can be trained further (`model`); reward models feed grad
 `find_final_checkpoint` is the one place a `ft:` name becomes a model: everything that lists, serves or
 trains from a fine-tuned model asks it, so a deleted model (DELETE /v1/models/{name}) is gone for all of
 them at once. Only a job created before the deletion still gets it (`include_deleted`), because its
-blobs are kept until that job ends (service/base_models/lifecycle.py)."""
+blobs are kept until that job ends (service/models_api/lifecycle.py)."""
 
 from __future__ import annotations
 

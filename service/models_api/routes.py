@@ -1,5 +1,5 @@
 """/v1/models: the base models this deployment can fine-tune and the tenant's fine-tuned models, in
-OpenAI's shapes; DELETE removes a fine-tuned model (service/base_models/lifecycle.py)."""
+OpenAI's shapes; DELETE removes a fine-tuned model (service/models_api/lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pydantic import BaseModel
 from service.auth import TenantDep
 from service.base_models.catalog import BUILTIN_CREATED_AT, list_base_models, resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint, list_fine_tuned
-from service.base_models.lifecycle import delete_fine_tuned_model, sweep_deleted_models
 from service.dependencies import SessionDep, SettingsDep
 from service.errors import Forbidden, NotFound, error_responses
+from service.models_api.lifecycle import delete_fine_tuned_model, sweep_deleted_models
 from service.storage import get_blob_store
 
 router = APIRouter(prefix="/v1/models", tags=["models"], responses=error_responses(400, 401, 503))
