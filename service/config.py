@@ -31,6 +31,13 @@ class Settings(BaseSettings):
     # outlives Redis' 1 h default; the DB lease, not the broker, decides who runs a job, so a
     # redelivered message is harmless (worker/lease.py) — this only bounds how often it happens
     broker_visibility_timeout_seconds: float = Field(default=12 * 3600, gt=0)
+    # Redis broker: one command (a publish, an ack) or connection attempt gives up after this long. A
+    # hung Redis (up, not answering: SIGSTOP, a stalled host, a partition without a reset) would
+    # otherwise hold a job's creation until it answers (41 s in issue 46's test); with it the send
+    # after commit fails, the API answers and the reconciler re-sends. A send's 3 tries
+    # (service/queue.py) take ~4x this: 2.1 s measured at 0.5 s, 4.1 s at 1 s. Workers wait on BRPOP
+    # through their event loop (a read only once the socket is readable), which this does not cut
+    broker_socket_timeout_seconds: float = Field(default=0.5, gt=0)
     # Redis for live metric pub/sub; empty = no pub/sub (the DB still has every row)
     redis_url: str = ""
     # blob store (uploaded files, checkpoints): a local folder (default data_dir/blobs), which API and
@@ -185,7 +192,11 @@ class Settings(BaseSettings):
                 "control_folder": folder,
                 "polling_interval": 0.1,
             }
-        return {"visibility_timeout": self.broker_visibility_timeout_seconds}
+        return {
+            "visibility_timeout": self.broker_visibility_timeout_seconds,
+            "socket_timeout": self.broker_socket_timeout_seconds,
+            "socket_connect_timeout": self.broker_socket_timeout_seconds,
+        }
 
 
 @lru_cache

@@ -14,7 +14,7 @@ from service.db_reads import CompiledRead
 from service.dependencies import After, Limit, SessionDep, SettingsDep, read_row
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
-from service.jobs import creation, service, transitions
+from service.jobs import creation, idempotency, service, transitions
 from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
@@ -41,9 +41,36 @@ def _object(session: Session, job: Job) -> JobObject:
     return _objects(session, [job])[0]
 
 
-@router.post("", response_model=JobObject, responses=error_responses(413))
-def create_job(spec: JobCreate, session: SessionDep, tenant: TenantDep, settings: SettingsDep) -> JobObject:
-    return _object(session, creation.create_job(session, tenant=tenant, spec=spec, settings=settings))
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias=idempotency.HEADER,
+        min_length=1,
+        max_length=idempotency.MAX_KEY_CHARS,
+        pattern=r"^[\x21-\x7e]+$",
+        description="A key of your choosing, reused on retries of the same create: the retry returns the "
+        "job the first request created (scoped to your organization). The same key with a different "
+        "body is a 409.",
+    ),
+]
+
+
+@router.post("", response_model=JobObject, responses=error_responses(409, 413))
+def create_job(
+    spec: JobCreate,
+    session: SessionDep,
+    tenant: TenantDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> JobObject:
+    job = idempotency.create_once(
+        session,
+        tenant=tenant,
+        key=idempotency_key,
+        spec=spec,
+        create=lambda: creation.create_job(session, tenant=tenant, spec=spec, settings=settings),
+    )
+    return _object(session, job)
 
 
 @router.get("")
