@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from service.auth import TenantDep
+from service.auth import ApiKeyDep, KeyWatch, TenantDep
 from service.db_reads import CompiledRead
 from service.dependencies import After, Limit, SessionDep, SettingsDep, read_row
 from service.downloads import blob_response
@@ -18,7 +18,7 @@ from service.jobs import creation, idempotency, service, transitions
 from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
-from service.jobs.stream import CURSOR_PATTERN, Cursor, job_stream
+from service.jobs.stream import CURSOR_PATTERN, Cursor, job_stream, key_recheck_seconds
 from service.models import Job
 from service.pagination import list_body
 from trainers.registry import MAX_STEPS
@@ -151,17 +151,24 @@ def stream_job(
     job_id: str,
     session: SessionDep,
     tenant: TenantDep,
+    key: ApiKeyDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=CURSOR_PATTERN)] = None,
 ) -> StreamingResponse:
-    """Extension: events and metric rows as Server-Sent Events; resumable with `Last-Event-ID`."""
+    """Extension: events and metric rows as Server-Sent Events; resumable with `Last-Event-ID`. A stream
+    whose API key is revoked or expires ends with an `error` event within 5 s."""
     try:
         cursor = Cursor.parse(last_event_id)
     except ValueError as exc:
         raise BadRequest(f"Last-Event-ID: {exc}", param="Last-Event-ID", code="invalid_value") from exc
     service.get_job(session, tenant=tenant, job_id=job_id)
     return StreamingResponse(
-        job_stream(job_id, cursor, settings),
+        job_stream(
+            job_id,
+            cursor,
+            settings,
+            refusal=KeyWatch(key, recheck_seconds=key_recheck_seconds(settings)).refusal,
+        ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )

@@ -64,7 +64,9 @@ def test_the_same_key_with_another_body_is_a_409_naming_the_header(
 def test_keys_are_per_tenant_and_optional(client: httpx.Client, train_file: str, api_url: str) -> None:
     key = f"shared-{uuid.uuid4()}"
     mine = _create(client, key, model=MODEL, training_file=train_file).json()["id"]
-    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {new_key()}"}, timeout=60) as other:
+    with httpx.Client(
+        base_url=api_url, headers={"Authorization": f"Bearer {new_key()}"}, timeout=60
+    ) as other:
         theirs = _create(other, key, model=MODEL, training_file=upload_ok(other, chat_rows(8)))
         assert theirs.status_code == 200, theirs.text
         assert theirs.json()["id"] != mine
@@ -77,7 +79,9 @@ def test_keys_are_per_tenant_and_optional(client: httpx.Client, train_file: str,
 def test_concurrent_requests_with_one_key_make_one_job(client: httpx.Client, train_file: str) -> None:
     key = f"race-{uuid.uuid4()}"
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: _create(client, key, model=MODEL, training_file=train_file), range(8)))
+        answers = list(
+            pool.map(lambda _: _create(client, key, model=MODEL, training_file=train_file), range(8))
+        )
     assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers if a.status_code != 200]
     assert len({a.json()["id"] for a in answers}) == 1
     assert _job_ids(client) == [answers[0].json()["id"]]
