@@ -33,6 +33,8 @@ from service.models import ApiKey, Tenant
 
 KEY_PREFIX = "th"
 log = logging.getLogger("tunehouse.api")
+# the database is down, or busy past the wait for a slot: a stream's key is read again next time
+_DB_NOT_NOW: tuple[type[Exception], ...] = (*DB_UNAVAILABLE_ERRORS, ServiceUnavailable)
 
 
 def _hash(key: str) -> str:
@@ -242,7 +244,7 @@ class KeyWatch:
             return None
         try:
             row = await read_row(_KEY_READ, {"lookup": self.lookup}) if self.lookup else None
-        except (*DB_UNAVAILABLE_ERRORS, ServiceUnavailable) as exc:
+        except _DB_NOT_NOW as exc:
             log.warning("could not re-check a stream's API key (%s); it stays open", type(exc).__name__)
             return None
         self.read_at = time.monotonic()

@@ -26,7 +26,9 @@ def add_event(
     data: dict[str, Any] | None = None,
     event_id: str | None = None,
 ) -> JobEvent:
-    event = JobEvent(id=event_id or new_id("ftevent"), job_id=job_id, message=message, level=level, type=type, data=data)
+    event = JobEvent(
+        id=event_id or new_id("ftevent"), job_id=job_id, message=message, level=level, type=type, data=data
+    )
     session.add(event)
     if type != "metrics":  # a step's event: its row went live already (service/jobs/live.py)
         nudge_after_commit(session, job_id)
