@@ -324,32 +324,38 @@ def _follow(client: httpx.Client, job_id: str, into: list[tuple[str, str, dict[s
     return ended
 
 
-def test_a_revoked_key_ends_its_open_stream_within_5_s(client: httpx.Client, api_key: str) -> None:
+def test_a_revoked_key_ends_its_open_streams_within_5_s(client: httpx.Client, api_key: str) -> None:
     """Revoked by another process (this test's, not the server's): the server's key cache still holds
-    the key, as it may for 5 s; the stream must end within that same bound (issue 46: it delivered
-    rows until the job ended)."""
+    the key, as it may for 5 s; its streams must end within that same bound (issue 46: one delivered
+    rows until the job ended). The streams are opened 0.8 s apart, so their key checks fall at
+    different moments of the check interval and one of them has just read the key when it is revoked:
+    the worst case must be within the bound too."""
     from service.auth import revoke_api_key
 
-    job_id = _sft_job(client, 8)  # the idle broker: it stays queued, its stream open
-    frames: list[tuple[str, str, dict[str, object]]] = []
-    ended = _follow(client, job_id, frames)
-    time.sleep(1.5)  # open, its history sent and its key read
-    assert not ended and frames, "the stream ended before the key was revoked"
+    job_id = _sft_job(client, 8)  # the idle broker: it stays queued, its streams open
+    streams: list[tuple[list[tuple[str, str, dict[str, object]]], list[float]]] = []
+    for _ in range(6):
+        frames: list[tuple[str, str, dict[str, object]]] = []
+        streams.append((frames, _follow(client, job_id, frames)))
+        time.sleep(0.8)
+    assert all(frames and not ended for frames, ended in streams), "a stream ended before the revocation"
     with session_scope() as session:
         revoke_api_key(session, key=api_key)
     revoked_at = time.monotonic()
     deadline = revoked_at + 10
-    while not ended and time.monotonic() < deadline:
+    while not all(ended for _, ended in streams) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert ended, "the stream outlived its revoked key by 10 s"
-    assert ended[0] - revoked_at <= get_settings().auth_cache_seconds, ended[0] - revoked_at
-    kind, _, data = frames[-1]
-    assert kind == "error" and data["error"] == {  # the 401 body a new request gets
-        "message": "This API key has been revoked.",
-        "type": "authentication_error",
-        "param": None,
-        "code": "invalid_api_key",
-    }
+    assert all(ended for _, ended in streams), "a stream outlived its revoked key by 10 s"
+    slowest = max(ended[0] for _, ended in streams) - revoked_at
+    assert slowest <= get_settings().auth_cache_seconds, slowest
+    for frames, _ in streams:
+        kind, _, data = frames[-1]
+        assert kind == "error" and data["error"] == {  # the 401 body a new request gets
+            "message": "This API key has been revoked.",
+            "type": "authentication_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
     assert client.get(f"/v1/fine_tuning/jobs/{job_id}/stream").status_code == 401
 
 
