@@ -92,3 +92,19 @@ def test_a_malformed_key_is_a_400_naming_the_header(client: httpx.Client, train_
     response = _create(client, key, model=MODEL, training_file=train_file)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "Idempotency-Key"
+
+
+def test_the_openai_client_gets_one_job_for_one_key(api_url: str, api_key: str, train_file: str) -> None:
+    """The official client (3.x) sends no idempotency header of its own (`_idempotency_header` is None
+    on `openai.OpenAI`); a caller passes one with `extra_headers`, which its retries resend."""
+    import openai
+
+    oai = openai.OpenAI(base_url=f"{api_url}/v1", api_key=api_key, max_retries=0)
+    try:
+        assert oai._idempotency_header is None  # if a release starts sending one, honour its name too
+        headers = {"Idempotency-Key": f"oai-{uuid.uuid4()}"}
+        first = oai.fine_tuning.jobs.create(model=MODEL, training_file=train_file, extra_headers=headers)
+        again = oai.fine_tuning.jobs.create(model=MODEL, training_file=train_file, extra_headers=headers)
+        assert again.id == first.id and again.created_at == first.created_at
+    finally:
+        oai.close()
