@@ -242,12 +242,13 @@ class KeyWatch:
             return Unauthorized("This API key has expired.", code="expired_api_key")
         if time.monotonic() - self.read_at < self.recheck_seconds:
             return None
+        # set first: through a database outage the key is tried once an interval, not on every pass
+        self.read_at = time.monotonic()
         try:
             row = await read_row(_KEY_READ, {"lookup": self.lookup}) if self.lookup else None
         except _DB_NOT_NOW as exc:
             log.warning("could not re-check a stream's API key (%s); it stays open", type(exc).__name__)
             return None
-        self.read_at = time.monotonic()
         try:
             _tenant_of(row, lookup=self.lookup, key_hash=self.key_hash)
         except Unauthorized as exc:
