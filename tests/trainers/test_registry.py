@@ -130,6 +130,10 @@ def test_knob_reads_the_registry_and_refuses_a_second_declaration() -> None:
         knob("dpo", "n_epochs")
     with pytest.raises(ValueError, match="in_trainer"):
         knob("dpo", "learning_rate_multiplier")
+    modules = knob("dpo", "lora_target_modules", default=["q_proj"])  # a list: a fresh one per config
+    assert (
+        modules.default_factory() == ["q_proj"] and modules.default_factory() is not modules.default_factory()
+    )
 
 
 def _outside(p: Hyperparameter) -> list[Any]:
