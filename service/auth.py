@@ -4,14 +4,17 @@ whole key is compared in constant time, and only the hash is stored.
 A key that authenticated is cached by each API process for `auth_cache_seconds` (5 s by default;
 service/key_cache.py): a key revoked with `tunehouse keys revoke` is refused by every running server
 within that time (at once by a process that revoked it itself), an expired one from the second it
-expires.
+expires. A stream opened with a key (service/jobs/stream.py) asks `KeyWatch` as it goes and ends
+within the same bound once its key is revoked, and once it expires.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -21,13 +24,17 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from service import key_cache
+from service.db import DB_UNAVAILABLE_ERRORS
 from service.db_reads import CompiledRead, ReadRow
 from service.dependencies import read_row
-from service.errors import NotFound, Unauthorized
+from service.errors import NotFound, ServiceUnavailable, Unauthorized
 from service.ids import new_id, now
 from service.models import ApiKey, Tenant
 
 KEY_PREFIX = "th"
+log = logging.getLogger("tunehouse.api")
+# the database is down, or busy past the wait for a slot: a stream's key is read again next time
+_DB_NOT_NOW: tuple[type[Exception], ...] = (*DB_UNAVAILABLE_ERRORS, ServiceUnavailable)
 
 
 def _hash(key: str) -> str:
@@ -199,3 +206,55 @@ async def _current_tenant(
 
 
 TenantDep = Annotated[Tenant, Depends(_current_tenant)]
+
+
+async def _current_key(
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)], _tenant: TenantDep
+) -> str:
+    """The request's API key, once `TenantDep` has accepted it (for a long request that must check it
+    again as it goes: `KeyWatch`)."""
+    assert credentials is not None  # TenantDep refused the request otherwise
+    return credentials.credentials.strip()
+
+
+ApiKeyDep = Annotated[str, Depends(_current_key)]
+
+
+class KeyWatch:
+    """Whether the key a long request (an SSE stream) was opened with is still good.
+
+    A request is authenticated once, when it starts; a stream lasts as long as its job (issue 46: one
+    opened before its key was revoked delivered rows until the job ended). `refusal()`, asked on each
+    pass of the stream, re-reads the key's row every `recheck_seconds` (skipping the cache, which may
+    be that old itself) and checks the expiry it read on every call. A database outage refuses
+    nothing: the stream goes on and the next read decides.
+    """
+
+    def __init__(self, key: str, *, recheck_seconds: float) -> None:
+        self.key, self.recheck_seconds = key, recheck_seconds
+        self.lookup, self.key_hash = _lookup_part(key), _hash(key)
+        self.expires_at: int | None = None
+        self.read_at = -float("inf")  # the first call reads the row: the expiry is not known yet
+
+    async def refusal(self) -> Unauthorized | None:
+        """None while the key is valid; the error a new request would get once it is not."""
+        if self.expires_at is not None and self.expires_at <= now():
+            return Unauthorized("This API key has expired.", code="expired_api_key")
+        if time.monotonic() - self.read_at < self.recheck_seconds:
+            return None
+        # set first: through a database outage the key is tried once an interval, not on every pass
+        self.read_at = time.monotonic()
+        try:
+            row = await read_row(_KEY_READ, {"lookup": self.lookup}) if self.lookup else None
+        except _DB_NOT_NOW as exc:
+            log.warning("could not re-check a stream's API key (%s); it stays open", type(exc).__name__)
+            return None
+        try:
+            _tenant_of(row, lookup=self.lookup, key_hash=self.key_hash)
+        except Unauthorized as exc:
+            if self.lookup is not None:  # this process knows now: its next request with it is refused too
+                key_cache.forget(self.lookup)
+            return exc
+        assert row is not None  # _tenant_of refuses a missing row
+        self.expires_at = row.expires_at
+        return None

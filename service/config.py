@@ -31,6 +31,13 @@ class Settings(BaseSettings):
     # outlives Redis' 1 h default; the DB lease, not the broker, decides who runs a job, so a
     # redelivered message is harmless (worker/lease.py) — this only bounds how often it happens
     broker_visibility_timeout_seconds: float = Field(default=12 * 3600, gt=0)
+    # Redis broker: one command (a publish, an ack) or connection attempt gives up after this long. A
+    # hung Redis (up, not answering: SIGSTOP, a stalled host, a partition without a reset) would
+    # otherwise hold a job's creation until it answers (41 s in issue 46's test); with it the send
+    # after commit fails, the API answers and the reconciler re-sends. A send's 3 tries
+    # (service/queue.py) take ~4x this: 2.1 s measured at 0.5 s, 4.1 s at 1 s. Workers wait on BRPOP
+    # through their event loop (a read only once the socket is readable), which this does not cut
+    broker_socket_timeout_seconds: float = Field(default=0.5, gt=0)
     # Redis for live metric pub/sub; empty = no pub/sub (the DB still has every row)
     redis_url: str = ""
     # blob store (uploaded files, checkpoints): a local folder (default data_dir/blobs), which API and
@@ -78,6 +85,19 @@ class Settings(BaseSettings):
     allow_python_grader: bool = False
     python_grader_timeout_seconds: float = 30.0
     python_grader_memory_mb: int = 1024
+    # The same two limits bound a grader run of the graders API (POST .../graders/run), which grades
+    # in a child process of its own (service/graders/child.py): CPU seconds and wall seconds of
+    # python_grader_timeout_seconds, an address space of python_grader_memory_mb.
+    # Sizes a grader works on (service/graders/limits.py), each over its cap a 400 naming the field.
+    # A text: /run's model_sample, and a string_check/text_similarity input or reference both as
+    # written and as expanded ({{item.x}} filled in: /run checks its item, an RL job each row).
+    # fuzzy_match's cost grows with the product of its two texts: 20,000 x 20,000 characters is at
+    # worst ~0.7 s of CPU (random text over ~100 symbols); issue 46's 20,000 x 400,000 took 60 s
+    grader_max_text_chars: int = Field(default=20_000, ge=1)
+    # /run's `item` (one dataset row) as compact JSON; a job's rows are bounded by its file's upload
+    grader_max_item_bytes: int = Field(default=64 * 1024, ge=2)
+    # the graders of one `multi` (issue 46: validate took one of 2,000)
+    grader_max_sub_graders: int = Field(default=16, ge=1)
 
     # worker lease: a running job whose heartbeat is older than this is considered dead
     heartbeat_seconds: float = 5.0
@@ -185,7 +205,11 @@ class Settings(BaseSettings):
                 "control_folder": folder,
                 "polling_interval": 0.1,
             }
-        return {"visibility_timeout": self.broker_visibility_timeout_seconds}
+        return {
+            "visibility_timeout": self.broker_visibility_timeout_seconds,
+            "socket_timeout": self.broker_socket_timeout_seconds,
+            "socket_connect_timeout": self.broker_socket_timeout_seconds,
+        }
 
 
 @lru_cache

@@ -103,6 +103,20 @@ class Job(Base):
     )
 
 
+class IdempotencyKey(Base):
+    """A tenant's `Idempotency-Key` for `POST /v1/fine_tuning/jobs` and the job it created
+    (service/jobs/idempotency.py): a retried create finds the first job here instead of making a
+    second one. Kept as long as the job is."""
+
+    __tablename__ = "idempotency_keys"
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # sha256 of the request's spec as parsed: the same key with another body is refused (409)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
 class Worker(Base):
     """A live training worker and what it can run (service/jobs/capacity.py): each worker re-writes its
     row every reconcile pass and deletes it when it stops; a row not seen for a lease timeout is dead."""

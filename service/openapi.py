@@ -8,7 +8,11 @@ An optional query or header parameter is absent or a string: it cannot be JSON `
 `str | None` as `anyOf: [string, null]`, which tells a client (and Schemathesis) that a literal null is
 valid; the null branch is dropped, leaving the parameter optional. And no parameter may hold a NUL
 (service.dependencies.reject_unsafe_url answers 400), which a string parameter without a pattern of
-its own now says.
+its own now says; nor may any string of a JSON request body (service.middleware, service.input_guard:
+a `stop` sequence, a metadata value, ...), which every string of a request body's schemas says too.
+
+The graders' size caps are settings (service/graders/limits.py): the document states the values this
+server runs with (maxLength of a sample and of a template, maxProperties of a multi's graders).
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+
+from service.config import get_settings
+
+NO_NUL = "^[^\\u0000]*$"
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -35,6 +43,9 @@ def install_openapi(app: FastAPI) -> None:
         schemas = schema.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
+        for body_schema in _request_body_schemas(schema):
+            _strings_without_nul(body_schema)
+        _grader_limits(schemas)
         app.openapi_schema = schema
         return schema
 
@@ -55,4 +66,60 @@ def _drop_null(parameter: dict[str, Any]) -> None:
 def _no_nul(parameter: dict[str, Any]) -> None:
     schema = parameter.get("schema", {})
     if schema.get("type") == "string" and "pattern" not in schema:
-        schema["pattern"] = "^[^\\u0000]*$"
+        schema["pattern"] = NO_NUL
+
+
+def _refs(node: Any) -> set[str]:
+    """The component names `node` refers to ($ref), at any depth."""
+    if isinstance(node, dict):
+        found = {node["$ref"].rsplit("/", 1)[-1]} if isinstance(node.get("$ref"), str) else set()
+        return found.union(*(_refs(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(v) for v in node))
+    return set()
+
+
+def _request_body_schemas(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON request bodies' schemas: inline ones and every component they reach."""
+    components = schema.get("components", {}).get("schemas", {})
+    inline: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+            if "schema" in body:
+                inline.append(body["schema"])
+                names |= _refs(body["schema"])
+    pending = list(names)
+    while pending:
+        for name in _refs(components.get(pending.pop(), {})) - names:
+            names.add(name)
+            pending.append(name)
+    return inline + [components[n] for n in sorted(names) if n in components]
+
+
+def _strings_without_nul(node: Any) -> None:
+    """Every free-text string of `node` says it holds no NUL (an enum, a const, a pattern of its own or
+    a binary format already says more)."""
+    if isinstance(node, dict):
+        if node.get("type") == "string" and not {"pattern", "enum", "const", "format"} & set(node):
+            node["pattern"] = NO_NUL
+        for value in node.values():
+            _strings_without_nul(value)
+    elif isinstance(node, list):
+        for value in node:
+            _strings_without_nul(value)
+
+
+def _grader_limits(schemas: dict[str, Any]) -> None:
+    settings = get_settings()
+    for name in ("StringCheckGrader", "TextSimilarityGrader"):
+        for field in ("input", "reference"):
+            if field in schemas.get(name, {}).get("properties", {}):
+                schemas[name]["properties"][field]["maxLength"] = settings.grader_max_text_chars
+    if "model_sample" in schemas.get("GraderRunRequest", {}).get("properties", {}):
+        schemas["GraderRunRequest"]["properties"]["model_sample"]["maxLength"] = (
+            settings.grader_max_text_chars
+        )
+    if "graders" in schemas.get("MultiGrader", {}).get("properties", {}):
+        schemas["MultiGrader"]["properties"]["graders"]["maxProperties"] = settings.grader_max_sub_graders

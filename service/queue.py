@@ -26,6 +26,7 @@ RUN_JOB_TASK = "tunehouse.run_job"
 _PENDING = "tunehouse_pending_tasks"
 # Publishing retries: 3 tries within ~0.3 s, then give up; the reconciler retries later, so a request
 # never waits long on a broker that is down (Celery's default policy takes ~0.65 s and then raises).
+# A broker that hangs instead costs each try settings.broker_socket_timeout_seconds (~2.1 s in all).
 SEND_RETRY_POLICY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.1, "interval_max": 0.2}
 # seconds to open a broker connection before a send counts as failed (an unreachable host, not a
 # refused port, would otherwise block for the OS' TCP timeout, minutes)

@@ -10,10 +10,11 @@ The entry here (a ``Method``) declares, for everyone else:
 
 - ``name``: the job's ``method.type``; ``summary``: what runs (the README's methods table);
 - ``formats``: the training-file formats it accepts (``trainers.formats.FileFormat`` values);
-- ``hyperparameters``: every knob with its type, default and range. This is the single source of the
-  API's validation (``service/jobs/spec.py`` builds its pydantic models from it) *and* of the trainer
-  config's range checks (``TrainingConfig.validate`` reads it); ``constraints`` are the checks that
-  involve several fields;
+- ``hyperparameters``: every knob with its type, default, range and doc, declared here only. This is the
+  single source of the API's validation (``service/jobs/spec.py`` builds its pydantic models from it),
+  of the trainer configs' fields (each is ``trainers.core.config.knob(method, name)``: default and help
+  read from here) and of their range checks (``TrainingConfig.validate`` reads it); ``constraints`` are
+  the checks that involve several fields;
 - ``learning_rates``: the peak rates (LoRA, full fine-tuning) that ``learning_rate_multiplier`` scales;
 - ``grader``: whether the method takes an RL grader (then the worker passes a
 ``trainers.rewards.reward_set.RewardSet``);
@@ -28,8 +29,9 @@ live in ``trainers/``, in a module that imports only the standard library and ``
 file formats, declared once). The service may import these, ``trainers.rewards.graders`` and
 ``trainers.rewards.formula`` — and nothing else of ``trainers`` (``make lint``'s import contracts;
 ``tests/trainers/test_registry.py`` checks they stay torch-free). That test also fails if a method is
-declared here but not wired elsewhere: every entry point and config resolves, every config accepts every
-field, every format is one the upload validator detects, every metric is emitted by a one-step run.
+declared here but not wired elsewhere: every entry point and config resolves, every config field is
+built from its declaration, every format is one the upload validator detects, every metric is emitted
+by a one-step run.
 """
 
 from __future__ import annotations

@@ -6,12 +6,44 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from service.config import Settings
+from service.graders.limits import expansion_problem
 from service.jobs.spec import MethodBase
 from service.storage import BlobStore
 from worker.models import resolve_model_path
 
 if TYPE_CHECKING:
+    from trainers.rewards.graders import RewardFunc
     from trainers.rewards.reward_set import RewardSet
+
+
+class _ExpansionChecked:
+    """The job's grader, each row's templates measured before they are built: a row whose `{{item.x}}`
+    would expand past `grader_max_text_chars` fails the job as a data error naming the field, instead
+    of building it (issue 46: 5,000 copies of a 100 KB field are 500 MB). The completion counts as
+    empty: its length is the job's own generation limit, not the data's fault."""
+
+    def __init__(self, fn: RewardFunc, spec: dict[str, Any], *, param: str, max_chars: int) -> None:
+        self.__name__ = getattr(fn, "__name__", "grader")
+        self.fn, self.spec, self.param, self.max_chars = fn, spec, param, max_chars
+
+    def __call__(
+        self, prompts: list[str], completions: list[str], **columns: list[Any]
+    ) -> list[float | None]:
+        from trainers.rewards.graders import GraderError
+
+        for i in range(len(completions)):
+            item = {key: values[i] for key, values in columns.items()}
+            problem = expansion_problem(
+                self.spec,
+                param=self.param,
+                sample_chars=0,
+                item=item,
+                max_text_chars=self.max_chars,
+                subject="a row of the training file",
+            )
+            if problem is not None:
+                raise GraderError(f"{problem[0]}: {problem[1]}", problem[0])
+        return list(self.fn(prompts, completions, **columns))
 
 
 def _resolve_models(spec: dict[str, Any], resolve: Any, param: str) -> dict[str, Any]:
@@ -53,4 +85,5 @@ def reward_set(
         python_memory_mb=settings.python_grader_memory_mb,
         param=param,
     )
-    return RewardSet.of([grader], names=[str(spec.get("name", "grader"))])
+    checked = _ExpansionChecked(grader, spec, param=param, max_chars=settings.grader_max_text_chars)
+    return RewardSet.of([checked], names=[str(spec.get("name", "grader"))])

@@ -34,7 +34,7 @@ from sqlalchemy import select, update
 from service.config import Settings
 from service.db import session_scope
 from service.ids import new_id
-from service.jobs.events import add_event
+from service.jobs.events import add_event, add_event_once
 from service.jobs.live import LIVE_BATCH_SECONDS, PUBLISH_RETRY_SECONDS, channel, rows_message
 from service.models import Checkpoint, Job, JobMetric
 from service.storage import BlobStore, BlobStoreUnavailable
@@ -180,9 +180,11 @@ class JobReporter:
 
         def write() -> None:
             with session_scope() as session:
-                add_event(
+                # once per epoch: a run resumed from a checkpoint before this epoch's end passes it again
+                add_event_once(
                     session,
                     self.job_id,
+                    f"epoch-{epoch}",
                     f"Epoch {epoch}/{self.n_epochs} completed at step {step}",
                     data={"epoch": epoch, "step": step},
                 )

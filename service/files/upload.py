@@ -28,6 +28,9 @@ MAX_FIELD_BYTES = 4096
 MAX_PARTS = 16
 # the files.filename column
 MAX_FILENAME_CHARS = 500
+# one header line of a part (python-multipart's default, stated to it): a Content-Disposition
+# whose filename is longer than ~4,100 bytes breaks it before the name can be read (docs/limits.md)
+MAX_PART_HEADER_BYTES = 4096 + 128
 
 
 @dataclass
@@ -167,7 +170,7 @@ async def receive_upload(
         raise BadRequest("upload must be multipart/form-data with a 'file' part", param="file")
     st = _State(validator=JsonlValidator(min_examples=min_examples), writer=writer, max_bytes=max_bytes)
     try:
-        parser = MultipartParser(boundary, _callbacks(st))  # type: ignore[arg-type]
+        parser = MultipartParser(boundary, _callbacks(st), max_header_size=MAX_PART_HEADER_BYTES)  # type: ignore[arg-type]
         async for chunk in stream:
             # JSON parsing is CPU work: keep it off the event loop
             await run_in_threadpool(parser.write, chunk)
@@ -179,5 +182,12 @@ async def receive_upload(
     except FileValidationError as exc:
         raise BadRequest(str(exc), param="file", code="invalid_file") from exc
     except FormParserError as exc:
+        if "Maximum header size exceeded" in str(exc):  # issue 46: say which limit, and the name's own
+            raise BadRequest(
+                f"a part's header line is longer than {MAX_PART_HEADER_BYTES} bytes (the file's name is "
+                f"at most {MAX_FILENAME_CHARS} characters)",
+                param="file",
+                code="invalid_filename",
+            ) from exc
         raise _malformed(str(exc)) from exc
     return UploadResult(stats=stats, sha256=st.digest.hexdigest(), filename=st.filename, fields=st.fields)

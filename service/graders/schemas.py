@@ -6,10 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.jobs.graders import Grader
-
-# difflib's fuzzy match is quadratic in the text's length: a sample this long is already seconds of CPU
-MAX_SAMPLE_CHARS = 20_000
+from service.graders.shapes import Grader
 
 
 class GraderValidateRequest(BaseModel):
@@ -24,9 +21,9 @@ class GraderValidateResponse(BaseModel):
 class GraderRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     grader: Grader
-    model_sample: str = Field(
-        max_length=MAX_SAMPLE_CHARS, description="the completion to grade: {{sample.output_text}}"
-    )
+    # its length is capped by settings.grader_max_text_chars (service/graders/limits.py), which the
+    # OpenAPI document states as maxLength (service/openapi.py)
+    model_sample: str = Field(description="the completion to grade: {{sample.output_text}}")
     item: dict[str, Any] | None = Field(
         default=None, description="the dataset row the templates' {{item.<field>}} read"
     )

@@ -1,17 +1,25 @@
 """Rules for graders: check one (for the graders API and for an RL job's spec) and run one on a sample.
 
-Checking goes beyond the pydantic shapes (service/jobs/graders.py):
+Checking goes beyond the pydantic shapes (service/graders/shapes.py):
 `trainers.rewards.graders.validate_grader`,
 the check the worker runs before grading, catches what only it knows (template variables, sub-grader
 names, Python source that does not compile), so a grader that passes here cannot fail the job for its
-form later. Running reuses `trainers.rewards.graders.build_grader`, the reward functions RL jobs train with.
+form later. Both check the sizes first (service/graders/limits.py). Running reuses
+`trainers.rewards.graders.build_grader`, the reward functions RL jobs train with, in a child process under the
+python grader's CPU, wall-time and memory limits (service/graders/child.py), never in the API's.
 `trainers.rewards.graders` imports no torch (a `score_model` grader would, which is why /run refuses those).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,8 +28,9 @@ from sqlalchemy.orm import Session
 from service.base_models.fine_tuned import find_final_checkpoint
 from service.config import Settings
 from service.errors import BadRequest, NotImplementedYet
+from service.graders import child, limits
 from service.graders.schemas import GraderRunResponse, RunErrors, RunMetadata
-from service.jobs.graders import python_graders, score_models
+from service.graders.shapes import python_graders, score_models
 from service.models import Tenant
 
 
@@ -31,6 +40,15 @@ def check_grader(
     """400 naming the field at fault (`param` + its path) if `grader` cannot run for this tenant."""
     from trainers.rewards.graders import GraderError, validate_grader
 
+    spec = grader.model_dump(mode="json")
+    problem = limits.spec_problem(
+        spec,
+        param=param,
+        max_text_chars=settings.grader_max_text_chars,
+        max_sub_graders=settings.grader_max_sub_graders,
+    )
+    if problem is not None:
+        raise BadRequest(f"{problem[0]}: {problem[1]}", param=problem[0], code="grader_too_large")
     if python_graders(grader) and not settings.allow_python_grader:
         raise BadRequest(
             "python graders are disabled on this deployment (the operator enables them with "
@@ -47,18 +65,94 @@ def check_grader(
                 code="model_not_available",
             )
     try:
-        validate_grader(grader.model_dump(mode="json"), param=param, allow_python=True)
+        validate_grader(spec, param=param, allow_python=True)
     except GraderError as exc:
         raise BadRequest(f"{exc.param}: {exc.message}", param=exc.param, code="invalid_grader") from exc
+
+
+# The import root of `service` (and `trainers`): the child runs without site-packages, from here
+_ROOT = str(Path(__file__).resolve().parents[2])
+# the child's start (~40 ms) and reply on top of the grading's own wall time: a python grader that
+# times out inside it reports its own timeout as a result, as it does in a job
+_CHILD_SLACK_SECONDS = 2.0
+
+
+def _check_sizes(
+    spec: dict[str, Any], *, model_sample: str, item: dict[str, Any], settings: Settings
+) -> None:
+    if len(model_sample) > settings.grader_max_text_chars:
+        raise BadRequest(
+            f"model_sample: {len(model_sample)} characters; "
+            f"at most {settings.grader_max_text_chars} are allowed",
+            param="model_sample",
+            code="grader_too_large",
+        )
+    if (size := limits.item_bytes(item)) > settings.grader_max_item_bytes:
+        raise BadRequest(
+            f"item: {size} bytes as JSON; at most {settings.grader_max_item_bytes} are allowed",
+            param="item",
+            code="grader_too_large",
+        )
+    problem = limits.expansion_problem(
+        spec,
+        param="grader",
+        sample_chars=len(model_sample),
+        item=item,
+        max_text_chars=settings.grader_max_text_chars,
+    )
+    if problem is not None:
+        raise BadRequest(f"{problem[0]}: {problem[1]}", param=problem[0], code="grader_too_large")
+
+
+def _limit_exceeded(what: str) -> BadRequest:
+    return BadRequest(
+        f"grader: the run exceeded its {what} (the limits of a python grader, which the operator sets)",
+        param="grader",
+        code="grader_limit_exceeded",
+    )
+
+
+def _grade_in_child(payload: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """`child.grade` in a process of its own under the python grader's limits; its reply."""
+    cpu_seconds = max(1, math.ceil(settings.python_grader_timeout_seconds))
+    command = [
+        sys.executable, "-I", "-S", "-c", child.BOOT,
+        _ROOT, str(settings.python_grader_memory_mb << 20), str(cpu_seconds),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={},
+        start_new_session=True,  # its own group: a timeout kills a python grader's child with it
+    )
+    try:
+        out, err = proc.communicate(
+            json.dumps(payload), timeout=settings.python_grader_timeout_seconds + _CHILD_SLACK_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise _limit_exceeded(f"{settings.python_grader_timeout_seconds:g} s") from None
+    if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # RLIMIT_CPU: soft, then hard
+        raise _limit_exceeded(f"{cpu_seconds} s of CPU")
+    try:
+        reply: dict[str, Any] = json.loads(out)
+    except json.JSONDecodeError:
+        if "MemoryError" in err:
+            raise _limit_exceeded(f"{settings.python_grader_memory_mb} MB of memory") from None
+        raise RuntimeError(f"the grading child failed ({proc.returncode}): {err[-2000:]}") from None
+    if reply.get("limit") == "memory":
+        raise _limit_exceeded(f"{settings.python_grader_memory_mb} MB of memory")
+    return reply
 
 
 def run_grader(
     grader: BaseModel, *, model_sample: str, item: dict[str, Any], settings: Settings
 ) -> GraderRunResponse:
     """Score `model_sample` against `item`: the reward, and each sub-grader's score for a `multi`."""
-    from trainers.rewards.formula import eval_formula
-    from trainers.rewards.graders import GraderError, PythonGrader, build_grader, parse_formula
-
     if score_models(grader):
         raise NotImplementedYet(
             "score_model graders are not run by this endpoint yet: they need a reward model loaded on a "
@@ -67,36 +161,20 @@ def run_grader(
             code="not_implemented",
         )
     spec = grader.model_dump(mode="json")
+    _check_sizes(spec, model_sample=model_sample, item=item, settings=settings)
     options = {
         "allow_python": settings.allow_python_grader,
         "python_timeout": settings.python_grader_timeout_seconds,
         "python_memory_mb": settings.python_grader_memory_mb,
     }
-    errors = RunErrors()
-    columns = {key: [value] for key, value in item.items()}
     started = time.perf_counter()
-
-    def score(sub_spec: dict[str, Any], param: str) -> float:
-        fn = build_grader(sub_spec, param=param, **options)  # type: ignore[arg-type]
-        try:
-            return float(fn([""], [model_sample], **columns)[0] or 0.0)
-        except GraderError as exc:
-            if not isinstance(fn, PythonGrader):  # a template the item cannot fill: the request's fault
-                raise BadRequest(
-                    f"{exc.param}: {exc.message}", param=exc.param, code="invalid_grader"
-                ) from exc
-            # as OpenAI: the tenant's code failing is a result (reward 0 and the details), not a 4xx
-            errors.python_grader_runtime_error = True
-            errors.python_grader_runtime_error_details = exc.message
-            return 0.0
-
-    sub_rewards: dict[str, float] = {}
-    if spec["type"] == "multi":
-        sub_rewards = {name: score(sub, f"grader.graders.{name}") for name, sub in spec["graders"].items()}
-        tree = parse_formula(spec["calculate_output"], list(sub_rewards), param="grader.calculate_output")
-        reward = eval_formula(tree, sub_rewards)
-    else:
-        reward = score(spec, "grader")
+    reply = _grade_in_child(
+        {"grader": spec, "model_sample": model_sample, "item": item, "options": options}, settings
+    )
+    if "bad_request" in reply:  # a template the item cannot fill: the request's fault
+        param, message = reply["bad_request"]["param"], reply["bad_request"]["message"]
+        raise BadRequest(f"{param}: {message}", param=param, code="invalid_grader")
+    reward, sub_rewards = float(reply["reward"]), dict(reply["sub_rewards"])
     if not math.isfinite(reward):
         raise BadRequest(
             f"grader.calculate_output: the formula gives {reward} for these scores "
@@ -106,7 +184,7 @@ def run_grader(
         )
     return GraderRunResponse(
         metadata=RunMetadata(
-            errors=errors,
+            errors=RunErrors(**reply["errors"]),
             execution_time=time.perf_counter() - started,
             name=spec["name"],
             scores={spec["name"]: reward, **sub_rewards},

@@ -6,13 +6,21 @@ Unknown parameters are refused (400 naming them) rather than silently ignored: a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # OpenAI's own limits: at most 4 stop sequences; n is ours (choices are one batch on one worker)
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 16
+
+
+def _stop_schema(schema: dict[str, Any]) -> None:
+    """The OpenAPI document states the `_stop_list` bound on the list branch. (In the type, as
+    `Annotated[list[str], Field(max_length=4)]`, a refusal would name the union's branch, `stop.str`.)"""
+    for branch in schema.get("anyOf", []):
+        if branch.get("type") == "array":
+            branch["maxItems"] = MAX_STOP_SEQUENCES
 
 
 class TextPart(BaseModel):
@@ -46,7 +54,7 @@ class SamplingRequest(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(default=None, json_schema_extra=_stop_schema)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     stream: bool = False
     stream_options: StreamOptions | None = None

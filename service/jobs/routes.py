@@ -9,16 +9,16 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from service.auth import TenantDep
+from service.auth import ApiKeyDep, KeyWatch, TenantDep
 from service.db_reads import CompiledRead
 from service.dependencies import After, Limit, SessionDep, SettingsDep, read_row
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
-from service.jobs import creation, service, transitions
+from service.jobs import creation, idempotency, service, transitions
 from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
-from service.jobs.stream import CURSOR_PATTERN, Cursor, job_stream
+from service.jobs.stream import CURSOR_PATTERN, Cursor, job_stream, key_recheck_seconds
 from service.models import Job
 from service.pagination import list_body
 from trainers.registry import MAX_STEPS
@@ -41,9 +41,36 @@ def _object(session: Session, job: Job) -> JobObject:
     return _objects(session, [job])[0]
 
 
-@router.post("", response_model=JobObject, responses=error_responses(413))
-def create_job(spec: JobCreate, session: SessionDep, tenant: TenantDep, settings: SettingsDep) -> JobObject:
-    return _object(session, creation.create_job(session, tenant=tenant, spec=spec, settings=settings))
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias=idempotency.HEADER,
+        min_length=1,
+        max_length=idempotency.MAX_KEY_CHARS,
+        pattern=r"^[\x21-\x7e]+$",
+        description="A key of your choosing, reused on retries of the same create: the retry returns the "
+        "job the first request created (scoped to your organization). The same key with a different "
+        "body is a 409.",
+    ),
+]
+
+
+@router.post("", response_model=JobObject, responses=error_responses(409, 413))
+def create_job(
+    spec: JobCreate,
+    session: SessionDep,
+    tenant: TenantDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> JobObject:
+    job = idempotency.create_once(
+        session,
+        tenant=tenant,
+        key=idempotency_key,
+        spec=spec,
+        create=lambda: creation.create_job(session, tenant=tenant, spec=spec, settings=settings),
+    )
+    return _object(session, job)
 
 
 @router.get("")
@@ -124,17 +151,24 @@ def stream_job(
     job_id: str,
     session: SessionDep,
     tenant: TenantDep,
+    key: ApiKeyDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=CURSOR_PATTERN)] = None,
 ) -> StreamingResponse:
-    """Extension: events and metric rows as Server-Sent Events; resumable with `Last-Event-ID`."""
+    """Extension: events and metric rows as Server-Sent Events; resumable with `Last-Event-ID`. A stream
+    whose API key is revoked or expires ends with an `error` event within 5 s."""
     try:
         cursor = Cursor.parse(last_event_id)
     except ValueError as exc:
         raise BadRequest(f"Last-Event-ID: {exc}", param="Last-Event-ID", code="invalid_value") from exc
     service.get_job(session, tenant=tenant, job_id=job_id)
     return StreamingResponse(
-        job_stream(job_id, cursor, settings),
+        job_stream(
+            job_id,
+            cursor,
+            settings,
+            refusal=KeyWatch(key, recheck_seconds=key_recheck_seconds(settings)).refusal,
+        ),
         media_type="text/event-stream",
         headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from service.jobs.graders import Grader
+from service.graders.shapes import Grader
 from service.jobs.integrations import Integrations
 from service.jobs.resources import Resources
 from service.jobs.schemas import Metadata

@@ -12,6 +12,10 @@ stream polls the DB four times a second and resubscribes when Redis is back. A d
 keeps the stream open too (Redis rows still flow); the DB is read again once it answers. When the
 server drains (SIGTERM), the stream sends a `retry:` hint and ends without `end`; the client
 reconnects with `Last-Event-ID` and misses nothing.
+
+The key the stream was opened with is checked again as it goes (service/auth.py `KeyWatch`): once it
+is revoked or expires, the stream sends an `error` event (the 401 body a new request would get) and
+ends, within `auth_cache_seconds` (5 s), the bound within which every server refuses its requests.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +36,7 @@ from starlette.concurrency import run_in_threadpool
 from service.config import Settings
 from service.db import DB_UNAVAILABLE_ERRORS, get_sessionmaker
 from service.db_slots import db_slot
-from service.errors import ServiceUnavailable
+from service.errors import AppError, ServiceUnavailable
 from service.jobs.live import channel, message_rows
 from service.jobs.schemas import TERMINAL_STATUSES, EventObject, metric_object
 from service.models import Job, JobEvent, JobMetric
@@ -78,6 +82,18 @@ class Cursor:
 
     def __str__(self) -> str:
         return f"e{self.event_seq}.m{self.metric_step}"
+
+
+def key_recheck_seconds(settings: Settings) -> float:
+    """How often a stream re-reads its key's row. A revocation must end it within auth_cache_seconds,
+    as it does new requests: a read every this long, plus at most one pass's wait for news
+    (DB_CATCHUP_SECONDS), plus a second for the read itself on a loaded server (one read per stream
+    every 3 s by default)."""
+    return max(0.0, settings.auth_cache_seconds - DB_CATCHUP_SECONDS - 1.0)
+
+
+def _error_frame(error: AppError) -> bytes:
+    return f"event: error\ndata: {json.dumps(error.body())}\n\n".encode()
 
 
 def _frame(event: str, cursor: Cursor, data: dict[str, Any]) -> bytes:
@@ -204,7 +220,13 @@ def _live_frames(rows: list[dict[str, Any]], cursor: Cursor) -> tuple[list[bytes
     return frames, False
 
 
-async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIterator[bytes]:
+async def job_stream(
+    job_id: str,
+    cursor: Cursor,
+    settings: Settings,
+    refusal: Callable[[], Awaitable[AppError | None]] | None = None,
+) -> AsyncIterator[bytes]:
+    """The stream's frames; `refusal` (asked once a pass) says when the caller's key no longer holds."""
     live = _LiveFeed(settings.redis_url, job_id)
     try:
         last_sent = time.monotonic()
@@ -212,6 +234,9 @@ async def job_stream(job_id: str, cursor: Cursor, settings: Settings) -> AsyncIt
             if draining():
                 # the server is stopping: tell the client to come back (to the next instance) soon
                 yield DRAIN_FRAME
+                return
+            if refusal is not None and (error := await refusal()) is not None:
+                yield _error_frame(error)  # revoked or expired: a reconnect would get this as a 401
                 return
             await live.connect()
             try:

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from service.base_models.fine_tuned import find_final_checkpoint
 from service.errors import NotFound
+from service.graders.shapes import score_models
 from service.ids import now
-from service.jobs.graders import score_models
 from service.jobs.schemas import TERMINAL_STATUSES
 from service.jobs.spec import load_method
 from service.models import Checkpoint, Job

@@ -18,7 +18,13 @@ MAX_URL_LENGTH = 2048
 class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(max_length=MAX_URL_LENGTH, description="An http(s) URL that receives POSTed events")
+    url: str = Field(
+        min_length=len("http://x"),
+        max_length=MAX_URL_LENGTH,
+        description="An http(s) URL that receives POSTed events",
+        # what `_http_url` requires first, stated in the schema (a host must follow: checked below)
+        json_schema_extra={"pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]"},
+    )
     # None (the default): every event type
     events: Annotated[list[EventType], Field(min_length=1, max_length=len(EVENT_TYPES))] | None = None
     description: str | None = Field(default=None, max_length=500)

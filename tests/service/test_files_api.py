@@ -170,3 +170,14 @@ def test_filenames_are_stored_as_given_and_served_with_rfc6266(
     fallback, extended = params[1][1], params[2][1]
     assert isinstance(fallback, str) and fallback.isascii() and '"' not in fallback
     assert email.utils.collapse_rfc2231_value(extended) == stored
+
+
+@pytest.mark.parametrize("chars", [501, 4_000, 10_000])
+def test_a_long_filename_is_a_400_saying_the_limit(client: httpx.Client, chars: int) -> None:
+    """Issue 46: a 10,000-character name got "malformed multipart body: Maximum header size exceeded"
+    (python-multipart's bound on a part's header line), a limit documented nowhere."""
+    response = _raw_upload(client, b"f" * chars, b'{"text": "x"}\n')
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("file", "invalid_filename"), error
+    assert "at most 500 characters" in error["message"] or "longer than 500 characters" in error["message"]

@@ -3,6 +3,8 @@ driven by httpx and by the official `openai` client."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,5 +159,131 @@ def test_python_grader_runs_sandboxed_and_reports_its_errors() -> None:
                 errors["python_grader_runtime_error"]
                 and "ZeroDivisionError" in errors["python_grader_runtime_error_details"]
             )
+    finally:
+        _stop(proc)
+
+
+# the issue's template case: 5,000 copies of {{item.r}}, a 100 KB item.r (a 150 KB body)
+COPIES = {
+    "grader": {**EXACT, "reference": "{{item.r}}" * 5000},
+    "model_sample": "x",
+    "item": {"r": "r" * 100_000},
+}
+# under each cap, but 2,000 copies of a 10,000-character field: 20,000,000 characters expanded
+EXPANDS = {
+    "grader": {**EXACT, "reference": "{{item.r}}" * 2000},
+    "model_sample": "x",
+    "item": {"r": "r" * 10_000},
+}
+LONG_SAMPLE = {"grader": EXACT, "model_sample": "s" * 20_001, "item": {"answer": "x"}}
+
+
+# -- limits (issue 46) ---------------------------------------------------------------------------------
+def _heavy_text(n: int, seed: int) -> str:
+    """Text that makes difflib slow: 101 symbols, each too rare in a long text to be junked (autojunk
+    drops those above 1%), so every position of one text meets ~1/101 of the other's. Mostly ASCII: a
+    400,000-character reference stays under the 1 MiB body limit."""
+    import random
+
+    ascii_ = [chr(c) for c in range(0x21, 0x7F) if chr(c) not in "{}"]  # no template braces
+    symbols = ascii_ + [chr(c) for c in range(0xC0, 0xC0 + 101 - len(ascii_))]
+    rng = random.Random(seed)
+    return "".join(rng.choice(symbols) for _ in range(n))
+
+
+def _post_utf8(client: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
+    """As `client.post(json=...)`, in UTF-8 rather than \\u escapes (6 bytes a character)."""
+    content = json.dumps(body, ensure_ascii=False).encode()
+    return client.post(path, content=content, headers={"content-type": "application/json"})
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "fragment"),
+    [
+        # issue 46's inputs: 60.8 s of the API's CPU; 13.7 s; a multi of 2,000 accepted; 117 -> 584 MB
+        (
+            RUN,
+            {"grader": {**CLOSE, "reference": "r" * 400_000}, "model_sample": "s" * 20_000},
+            "grader.reference",
+            "400000 characters; at most 20000",
+        ),
+        (
+            RUN,
+            {
+                "grader": {**MULTI, "graders": {f"g{i}": {**CLOSE, "name": f"g{i}"} for i in range(4)},
+                           "calculate_output": "g0 + g1 + g2 + g3"},
+                "model_sample": "x",
+                "item": {"answer": "a" * 240_000},
+            },
+            "item",
+            "at most 65536",
+        ),
+        (
+            VALIDATE,
+            {"grader": {**MULTI, "graders": {f"g{i}": {**EXACT, "name": f"g{i}"} for i in range(2000)},
+                        "calculate_output": "g0"}},
+            "grader.graders",
+            "2000 graders; at most 16",
+        ),
+        (RUN, COPIES, "grader.reference", "50000 characters"),
+        (RUN, EXPANDS, "grader.reference", "expands to 20000000 characters"),  # refused before it is built
+        (RUN, LONG_SAMPLE, "model_sample", "20001"),
+        (VALIDATE, {"grader": {**EXACT, "input": "{{sample.output_text}}" * 1000}}, "grader.input", "22000"),
+    ],
+)  # fmt: skip
+def test_grader_sizes_are_capped_with_a_400_naming_the_field(
+    client: httpx.Client, path: str, body: dict[str, Any], param: str, fragment: str
+) -> None:
+    started = time.monotonic()
+    error = _error(client.post(path, json=body))
+    assert error["param"] == param and fragment in error["message"], error
+    assert error["code"] == "grader_too_large"
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_run_grades_in_a_child_under_the_python_graders_limits() -> None:
+    """With the size caps lifted, the issue's inputs reach the grading itself: it runs in a child
+    process with python_grader_timeout_seconds of CPU and python_grader_memory_mb of memory, so the
+    API answers a 400 within that time and its own memory stays where it was."""
+    from tests.conftest import new_key
+
+    url, proc = start_server(
+        {
+            "TUNEHOUSE_PYTHON_GRADER_TIMEOUT_SECONDS": "1",
+            "TUNEHOUSE_PYTHON_GRADER_MEMORY_MB": "256",
+            "TUNEHOUSE_GRADER_MAX_TEXT_CHARS": "1000000000",
+            "TUNEHOUSE_GRADER_MAX_ITEM_BYTES": "1000000",
+        }
+    )
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {new_key()}"}, timeout=120) as c:
+            ok = c.post(RUN, json={"grader": MULTI, "model_sample": "Lime", "item": {"answer": "Lima"}})
+            assert ok.status_code == 200 and ok.json()["sub_rewards"] == {"exact": 0.0, "close": 0.75}
+            rss_before = _rss_kb(proc.pid)
+
+            started = time.monotonic()
+            slow = {
+                "grader": {**CLOSE, "reference": _heavy_text(400_000, 1)},
+                "model_sample": _heavy_text(20_000, 2),
+            }
+            error = _error(_post_utf8(c, RUN, slow))
+            assert (error["param"], error["code"]) == ("grader", "grader_limit_exceeded"), error
+            assert "1 s" in error["message"]
+            assert time.monotonic() - started < 1 + 2 + 2  # the limit, the child's slack, the request
+
+            huge = {
+                "grader": {**EXACT, "reference": "{{item.r}}" * 5000},
+                "model_sample": "x",
+                "item": {"r": "r" * 100_000},
+            }
+            error = _error(c.post(RUN, json=huge))
+            assert (error["param"], error["code"]) == ("grader", "grader_limit_exceeded"), error
+            assert "256 MB" in error["message"]
+            assert _rss_kb(proc.pid) - rss_before < 50_000, "the API process grew: it graded in itself"
     finally:
         _stop(proc)

@@ -61,6 +61,37 @@ def test_document_lists_what_the_api_answers(api_url: str) -> None:
     assert not {"HTTPValidationError", "ValidationError"} & set(spec["components"]["schemas"])
 
 
+def test_document_states_the_rules_the_server_enforces(api_url: str) -> None:
+    """Issue 46: the server refused what the document allowed (a NUL in `stop`, a fifth stop sequence,
+    an empty grader reference, an empty webhook url) and the graders' size caps were nowhere."""
+    from service.config import get_settings
+
+    spec = _spec(api_url)
+    schemas = spec["components"]["schemas"]
+    no_nul = "^[^\\u0000]*$"
+    stop = schemas["ChatCompletionRequest"]["properties"]["stop"]["anyOf"]
+    assert {"type": "string", "pattern": no_nul} in stop
+    assert {"items": {"type": "string", "pattern": no_nul}, "type": "array", "maxItems": 4} in stop
+    assert schemas["JobCreate"]["properties"]["model"]["pattern"] == no_nul
+    settings = get_settings()
+    for grader in ("StringCheckGrader", "TextSimilarityGrader"):
+        reference = schemas[grader]["properties"]["reference"]
+        assert (reference["minLength"], reference["maxLength"]) == (1, settings.grader_max_text_chars)
+        assert schemas[grader]["properties"]["input"]["maxLength"] == settings.grader_max_text_chars
+    assert schemas["MultiGrader"]["properties"]["graders"]["maxProperties"] == settings.grader_max_sub_graders
+    sample = schemas["GraderRunRequest"]["properties"]["model_sample"]
+    assert sample["maxLength"] == settings.grader_max_text_chars
+    url = schemas["WebhookCreate"]["properties"]["url"]
+    assert url["minLength"] >= 1 and re.match(url["pattern"], "https://example.com/hook")
+    assert not re.match(url["pattern"], "ftp://example.com")
+    header = spec["paths"]["/v1/fine_tuning/jobs"]["post"]["parameters"][0]
+    assert (header["name"], header["in"]) == ("Idempotency-Key", "header")
+    assert (header["schema"]["minLength"], header["schema"]["maxLength"]) == (1, 255)
+    assert "409" in spec["paths"]["/v1/fine_tuning/jobs"]["post"]["responses"]
+    # a response schema is left alone: it describes what the server sends
+    assert "pattern" not in schemas["JobObject"]["properties"]["model"]
+
+
 def test_schemathesis_finds_no_failure(api_url: str, tmp_path: Path) -> None:
     """`--checks all`: no 5xx, every status and body documented, schema-valid requests accepted and
     invalid ones rejected, auth enforced, 405 with Allow. Requests use a real file and job of the

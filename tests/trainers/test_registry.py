@@ -2,8 +2,8 @@
 missing a piece elsewhere fails here.
 
 - the service reads it without torch; every entry point and config resolves, with the one signature;
-- every config has a field per declared hyperparameter, with the declared default, and rejects what the
-  API rejects (the ranges are one declaration);
+- every config field is a run field or built from the registry by ``knob`` (default, doc, API name: one
+  declaration), one per declared hyperparameter, and rejects what the API rejects (the ranges too);
 - every format is one the upload validator detects;
 - a one-step run of every method emits exactly its declared metrics (and eval metrics).
 """
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from service.jobs.spec import Method
 from tests.trainers.helpers import Recorder, small_config
-from trainers.core.config import TrainingConfig
+from trainers.core.config import TrainingConfig, knob, registry_default
 from trainers.core.errors import DataError
 from trainers.families.entry import TrainEntry
 from trainers.formats import FileFormat
@@ -81,23 +81,59 @@ def test_entry_point_and_config_resolve_with_the_one_signature(name: str) -> Non
     )
 
 
+# the knobs whose config default is the config's own: the registry holds no number for them ("auto" from
+# the data size; null, which the worker replaces by the deployment's checkpoint interval)
+CONFIG_DEFAULTS = {"n_epochs", "batch_size", "save_minutes"}
+
+
 @pytest.mark.parametrize("name", METHODS)
-def test_config_fields_and_defaults_are_the_declarations(name: str) -> None:
+def test_every_config_field_is_a_run_field_or_built_from_the_registry(name: str) -> None:
     method = METHODS[name]
     fields = {f.name: f for f in dataclasses.fields(resolve(method.config))}
     declared = {p.field: p for p in method.hyperparameters if p.in_trainer}
     assert set(fields) - METHOD_RUN_FIELDS == set(declared) | RUN_FIELDS
-    for p in declared.values():
-        if p.auto or p.name == "learning_rate":  # resolved by the service / the method's own base rate
+    for field_name, f in fields.items():
+        if field_name in RUN_FIELDS | METHOD_RUN_FIELDS:
+            assert "hyperparameter" not in f.metadata, field_name
             continue
-        if p.name == "save_minutes":  # null at the API: the worker puts the deployment's default
-            continue
-        f = fields[p.field]
+        # built by knob(): no hand-written default, the API name and the doc come with it
+        p = declared[field_name]
+        assert f.metadata.get("hyperparameter") == p.name, f"{field_name} is not declared with knob()"
+        assert f.metadata["help"]
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        assert default == p.default, p.name
+        if f.metadata["config_default"]:  # only where the registry holds no number a config could take
+            assert p.name in CONFIG_DEFAULTS and registry_default(method, p) in (dataclasses.MISSING, None)
+            assert p.accepts(default), p.name
+        else:
+            # this method's own declaration, not only the one the (shared) field was built from
+            assert default == registry_default(method, p), p.name
+            assert p.name not in CONFIG_DEFAULTS
     for fmt in method.formats:
         FileFormat(fmt)  # a format the upload validator detects
     assert method.learning_rates[0] > method.learning_rates[1] > 0
+
+
+def test_knob_reads_the_registry_and_refuses_a_second_declaration() -> None:
+    f = knob("dpo", "beta")
+    assert (f.default, dict(f.metadata)) == (
+        0.1,  # "auto" at the API: the registry's auto_value
+        {
+            "help": METHODS["dpo"].hyperparameter("beta").doc,
+            "hyperparameter": "beta",
+            "config_default": False,
+        },
+    )
+    assert knob("ppo", "learning_rate").default == METHODS["ppo"].learning_rates[0]  # lora's default: True
+    with pytest.raises(ValueError, match="repeats the registry"):
+        knob("dpo", "loss_type", default="sigmoid")
+    with pytest.raises(ValueError, match="from the data size"):
+        knob("dpo", "n_epochs")
+    with pytest.raises(ValueError, match="in_trainer"):
+        knob("dpo", "learning_rate_multiplier")
+    modules = knob("dpo", "lora_target_modules", default=["q_proj"])  # a list: a fresh one per config
+    assert (
+        modules.default_factory() == ["q_proj"] and modules.default_factory() is not modules.default_factory()
+    )
 
 
 def _outside(p: Hyperparameter) -> list[Any]:

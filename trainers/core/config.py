@@ -1,88 +1,121 @@
-"""The hyperparameters every training method shares, and their range checks.
+"""The fields every training method's config shares, built from the method registry, and their checks.
 
 Each method's config (``SFTConfig``, ``DPOConfig``, ``GRPOConfig``, ``RLOOConfig``, ...: one per method)
-subclasses ``TrainingConfig``, names its ``trainers.registry`` entry in ``method``, re-declares a shared
-field only where its default differs (``learning_rate``) and adds its own data and method fields. Field
-names are the registry's hyperparameter names (the worker builds configs by keyword), and the ranges are
-the registry's: ``validate`` checks them, there is no second copy here.
+subclasses ``TrainingConfig``, names its ``trainers.registry`` entry in ``method`` and adds its own
+fields. A hyperparameter is declared once, in the registry (name, type, default, range, doc): a config
+field for it is ``knob(method, name)``, which reads the default and the help from there, so the worker
+builds configs by keyword from the API's values and ``validate`` checks the registry's ranges. The
+generated reference of every hyperparameter is docs/methods.md (``make docs``). Only the fields that are
+not hyperparameters (where the run reads and writes, the seed, the checkpoints kept) are declared here.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from trainers.core.errors import DataError
-from trainers.registry import get_method
+from trainers.registry import Hyperparameter, Method, get_method
+
+# the registry entry whose declarations the shared fields are built from: every method declares them
+# alike (``COMMON``, ``RL_COMMON``), which tests/trainers/test_registry.py checks method by method, and
+# TrainingConfig's own learning rate is SFT's
+SHARED = "supervised"
+ROLLOUT = "grpo"
+
+
+def registry_default(method: Method, p: Hyperparameter) -> Any:
+    """The default a config field for ``p`` takes from ``method``'s registry entry, read as the service
+    reads it: an ``"auto"`` knob's ``auto_value``; ``learning_rate`` (null at the API: the method's base
+    rate times the multiplier) the base rate for the default ``lora``; otherwise the declared default.
+    ``dataclasses.MISSING`` where the service derives the value from the data size (``"auto"`` without an
+    ``auto_value``): there is no number a config could take from the registry."""
+    if p.name == "learning_rate":
+        lora = method.hyperparameter("lora").default
+        return method.learning_rates[0] if lora else method.learning_rates[1]
+    if p.auto:
+        return dataclasses.MISSING if p.auto_value is None else p.auto_value
+    return p.default
+
+
+def knob(method: str, name: str, *, default: Any = dataclasses.MISSING) -> Any:
+    """The dataclass field of ``method``'s hyperparameter ``name`` (the API name; the field may be named
+    differently, ``lora`` -> ``use_lora``): default from the registry (``registry_default``), its doc as
+    ``metadata["help"]`` and the API name as ``metadata["hyperparameter"]``.
+
+    ``default`` is for the knobs whose registry value no config can hold: an ``"auto"`` the service
+    derives from the data size (``n_epochs``, ``batch_size``), or a null the worker replaces by the
+    deployment's setting (``save_minutes``). A config built by hand (tests, benches) needs a number then;
+    ``metadata["config_default"]`` marks it. Repeating the registry's value is refused.
+    """
+    entry = get_method(method)
+    p = entry.hyperparameter(name)
+    if not p.in_trainer:
+        raise ValueError(f"{method}.{name} is not a trainer hyperparameter (in_trainer=False)")
+    declared = registry_default(entry, p)
+    by_hand = default is not dataclasses.MISSING
+    if not by_hand:
+        if declared is dataclasses.MISSING:
+            raise ValueError(f"{method}.{name}: 'auto' from the data size; give the config's own default")
+        default = declared
+    elif default == declared:
+        raise ValueError(f"{method}.{name}: default={default!r} repeats the registry's; leave it out")
+    metadata = {"help": p.doc, "hyperparameter": p.name, "config_default": by_hand}
+    if isinstance(default, list | dict | set):  # a mutable default: one copy per config
+        return dataclasses.field(default_factory=lambda: copy.copy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass
 class TrainingConfig:
-    """The fields every method config has; each method documents how it reads them where that differs.
+    """The fields every method config has: the registry's ``COMMON`` hyperparameters (``knob``; their
+    docs are each field's ``metadata["help"]`` and docs/methods.md) and the run's own fields below.
 
-    Model:
+    Run (set by the worker, not job hyperparameters):
         model_path: a local Hugging Face folder (or a hub id where the host is online).
         output_dir: local folder that receives ``checkpoint-{step:06d}/`` folders.
-        use_lora: train a LoRA adapter (merged into the base for the final checkpoint) instead of all
-            weights.
-        lora_r, lora_alpha, lora_dropout: LoRA rank, scaling numerator (scale = alpha / r) and dropout.
-        lora_target_modules: module names to adapt; None adapts every linear layer but the LM head.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
-
-    Optimisation:
-        n_epochs: passes over the training rows.
-        batch_size: examples per forward pass (micro-batch).
-        gradient_accumulation_steps: micro-batches per optimizer step; an optimizer step sees
-            ``batch_size * gradient_accumulation_steps`` examples (fewer at the end of an epoch).
-        learning_rate: peak AdamW learning rate (each method has its own default).
-        lr_scheduler: ``linear`` | ``cosine`` (decay to 0) | ``constant``, after linear warmup.
-        warmup_ratio: fraction of the optimizer steps spent warming up from 0.
-        weight_decay: AdamW decoupled weight decay, on matrices only.
-        max_grad_norm: clip the global gradient norm to this.
-        mixed_precision: ``auto`` (bf16 on CUDA if supported, else none) | ``no`` | ``bf16`` | ``fp16``;
-            on a CPU only ``bf16`` autocasts (``precision.autocast_dtype``), the others train in fp32.
         seed: seeds LoRA initialisation, dropout and the data order.
-        max_steps: cap on the number of optimizer steps (None: ``n_epochs`` full epochs).
-
-    Run control:
-        save_steps: write a resumable checkpoint every N optimizer steps (0: none by step count).
-        save_minutes: also write one whenever this many minutes of training passed since the last
-            (0: none by time), so a crash loses at most that much work; with ``save_steps`` 0 and
-            ``save_minutes`` 0 only the final checkpoint is written.
         keep_checkpoints: resumable checkpoints kept in ``output_dir``; older ones are deleted as new
-            ones are written (the final checkpoint is never deleted). Not a job hyperparameter: the
-            worker sets it from the deployment's ``TUNEHOUSE_CHECKPOINT_KEEP``.
-        eval_steps: evaluate every N steps when validation rows are given (``valid_loss``; the online
-            methods' ``valid_reward``, see ``RolloutConfig``); 0 does it at the end of each epoch (and
-            always after the last step).
+            ones are written (the final checkpoint is never deleted). The worker sets it from the
+            deployment's ``TUNEHOUSE_CHECKPOINT_KEEP``.
         resume_from: a checkpoint folder written by this library; training continues from it exactly.
+
+    How the loop reads the shared hyperparameters, beyond their one-line docs: an optimizer step sees
+    ``batch_size * gradient_accumulation_steps`` examples (fewer at the end of an epoch); weight decay
+    applies to matrices only; ``eval_steps`` runs validation only when validation rows are given, and
+    always after the last step; with ``save_steps`` 0 and ``save_minutes`` 0 only the final checkpoint is
+    written. Each method documents how it reads them where that differs.
     """
 
     method: ClassVar[str]  # the trainers.registry entry whose ranges ``validate`` checks
 
     model_path: str
     output_dir: str
-    use_lora: bool = True
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] | None = None
-    n_epochs: int = 1
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 2e-4
-    lr_scheduler: str = "linear"
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    mixed_precision: str = "auto"
-    gradient_checkpointing: bool = False
+    use_lora: bool = knob(SHARED, "lora")
+    lora_r: int = knob(SHARED, "lora_r")
+    lora_alpha: int = knob(SHARED, "lora_alpha")
+    lora_dropout: float = knob(SHARED, "lora_dropout")
+    lora_target_modules: list[str] | None = knob(SHARED, "lora_target_modules")
+    # a job's "auto" epochs and batch size come from its data size (service/jobs/spec.py); by hand: these
+    n_epochs: int = knob(SHARED, "n_epochs", default=1)
+    batch_size: int = knob(SHARED, "batch_size", default=4)
+    gradient_accumulation_steps: int = knob(SHARED, "gradient_accumulation_steps")
+    learning_rate: float = knob(SHARED, "learning_rate")
+    lr_scheduler: str = knob(SHARED, "lr_scheduler")
+    warmup_ratio: float = knob(SHARED, "warmup_ratio")
+    weight_decay: float = knob(SHARED, "weight_decay")
+    max_grad_norm: float = knob(SHARED, "max_grad_norm")
+    mixed_precision: str = knob(SHARED, "mixed_precision")
+    gradient_checkpointing: bool = knob(SHARED, "gradient_checkpointing")
     seed: int = 42
-    max_steps: int | None = None
-    save_steps: int = 0
-    save_minutes: float = 10.0
+    max_steps: int | None = knob(SHARED, "max_steps")
+    save_steps: int = knob(SHARED, "save_steps")
+    # null at the API: the worker puts the deployment's TUNEHOUSE_CHECKPOINT_MINUTES (10); by hand: 10
+    save_minutes: float = knob(SHARED, "save_minutes", default=10.0)
     keep_checkpoints: int = 3
-    eval_steps: int = 0
+    eval_steps: int = knob(SHARED, "eval_steps")
     resume_from: str | None = None
 
     def validate(self) -> None:
@@ -105,29 +138,18 @@ class TrainingConfig:
 
 @dataclass
 class RolloutConfig(TrainingConfig):
-    """The fields of every method that samples from the policy it trains (GRPO, PPO, RLOO, online DPO;
-    the registry's ``RL_COMMON``):
-
-    Data:
-        max_prompt_length: prompts keep their last this many tokens.
-
-    Sampling:
-        max_completion_length: sampling budget in tokens; a completion without EOS is truncated.
-        temperature, top_p: sampling parameters; the policy-gradient methods compute log-probs at the
-            same temperature.
-
-    Validation (``valid_rows``, at ``eval_steps`` and after the last step):
-        eval_sampling: ``greedy`` (the default: one deterministic completion per validation prompt) or
-            ``sample`` (one completion drawn with ``temperature`` and ``top_p``, from the same seed at
-            every evaluation). The grader scores them: ``valid_reward`` is the mean weighted reward,
-            ``valid_reward/{grader}`` each reward function's mean (``trainers.families.rl.reward_evaluator``).
+    """The fields of every method that samples from the policy it trains (GRPO, PPO, RLOO, online DPO):
+    the registry's ``RL_COMMON`` hyperparameters. Beyond their docs: a completion without EOS is truncated
+    at ``max_completion_length``; ``eval_sampling="sample"`` draws from the same seed at every evaluation;
+    the grader scores the validation completions: ``valid_reward`` is the mean weighted reward,
+    ``valid_reward/{grader}`` each reward function's mean (``trainers.families.rl.reward_evaluator``).
     """
 
-    max_prompt_length: int = 512
-    max_completion_length: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    eval_sampling: str = "greedy"
+    max_prompt_length: int = knob(ROLLOUT, "max_prompt_length")
+    max_completion_length: int = knob(ROLLOUT, "max_completion_length")
+    temperature: float = knob(ROLLOUT, "temperature")
+    top_p: float = knob(ROLLOUT, "top_p")
+    eval_sampling: str = knob(ROLLOUT, "eval_sampling")
 
     @property
     def uses_reference(self) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import TrainingConfig
+from trainers.core.config import TrainingConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.preference import PreferenceBatch, collate_preferences, tokenize_preference_rows
 from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
@@ -88,18 +88,14 @@ def pair_metrics(
 
 @dataclass
 class PairConfig(TrainingConfig):
-    """The shared fields of ``trainers.core.config.TrainingConfig``, plus the data fields of a pair method:
-
-    Data:
-        max_length: prompt + completion is truncated to this many tokens; a pair left with no chosen or
-            no rejected token is dropped.
-        max_prompt_length: the prompt is first cut to its last this many tokens (None: not cut).
-
-    ``batch_size`` counts pairs, so the forward pass sees 2 * batch_size sequences.
+    """``TrainingConfig``'s fields plus the data hyperparameters of a pair method (declared alike by
+    ORPO, CPO, SimPO and the reward model in ``trainers.registry``): a pair left with no chosen or no
+    rejected token after truncation to ``max_length`` is dropped. ``batch_size`` counts pairs, so the
+    forward pass sees 2 * batch_size sequences.
     """
 
-    max_length: int = 1024
-    max_prompt_length: int | None = None
+    max_length: int = knob("reward_model", "max_length")
+    max_prompt_length: int | None = knob("reward_model", "max_prompt_length")
 
 
 # (config, device, pad token id) -> the model to train

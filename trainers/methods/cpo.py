@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
+from trainers.core.config import knob
 from trainers.core.loop import LossSums
 from trainers.data.preference import PreferenceBatch
 from trainers.families.entry import Rows
@@ -40,45 +41,33 @@ LENGTH_NORMALISED = ("ipo", "simpo")
 
 @dataclass
 class CPOConfig(PairConfig):
-    """Configuration of a CPO run: the fields of ``trainers.families.pairs.PairConfig``, plus
-
-    Method:
-        beta: β, the temperature of the preference term.
-        loss_type: ``sigmoid`` (CPO), ``hinge`` (SLiC), ``ipo`` or ``simpo`` (SimPO's loss, with the NLL
-            term: CPO-SimPO); ``ipo`` and ``simpo`` use per-token mean log-probs.
-        cpo_alpha: α, the weight of the chosen completion's NLL (0: none, pure preference loss).
-        simpo_gamma: γ, SimPO's target reward margin (``loss_type="simpo"`` only).
-        label_smoothing: ε for ``sigmoid`` and ``simpo``: the label is assumed flipped with probability ε.
-    """
+    """Configuration of a CPO run: ``PairConfig``'s fields plus the ``cpo`` entry's own hyperparameters
+    (``trainers.registry``; docs/methods.md lists them with their docs and ranges). ``loss_type="simpo"``
+    with ``cpo_alpha`` > 0 is CPO-SimPO; ``cpo_alpha`` 0 is a pure preference loss."""
 
     method: ClassVar[str] = "cpo"
 
-    learning_rate: float = 5e-5
-    beta: float = 0.1
-    loss_type: str = "sigmoid"
-    cpo_alpha: float = 1.0
-    simpo_gamma: float = 0.5
-    label_smoothing: float = 0.0
+    learning_rate: float = knob("cpo", "learning_rate")
+    beta: float = knob("cpo", "beta")
+    loss_type: str = knob("cpo", "loss_type")
+    cpo_alpha: float = knob("cpo", "cpo_alpha")
+    simpo_gamma: float = knob("cpo", "simpo_gamma")
+    label_smoothing: float = knob("cpo", "label_smoothing")
 
 
 @dataclass
 class SimPOConfig(PairConfig):
-    """Configuration of a SimPO run: the fields of ``trainers.families.pairs.PairConfig``, plus
-
-    Method:
-        beta: β, the scale of the length-normalised reward β/|y| · log π(y|x) (the authors use 2 to 2.5).
-        simpo_gamma: γ, the target reward margin (the authors advise γ/β around 0.5).
-        cpo_alpha: α, the weight of an NLL term on the chosen completion (0: SimPO as published).
-        label_smoothing: ε: the label is assumed flipped with probability ε.
-    """
+    """Configuration of a SimPO run: ``PairConfig``'s fields plus the ``simpo`` entry's own hyperparameters
+    (``trainers.registry``; docs/methods.md lists them with their docs and ranges). The reward is the
+    length-normalised β/|y| · log π(y|x); ``cpo_alpha`` 0 is SimPO as published."""
 
     method: ClassVar[str] = "simpo"
 
-    learning_rate: float = 1e-5
-    beta: float = 2.0
-    simpo_gamma: float = 1.0
-    cpo_alpha: float = 0.0
-    label_smoothing: float = 0.0
+    learning_rate: float = knob("simpo", "learning_rate")
+    beta: float = knob("simpo", "beta")
+    simpo_gamma: float = knob("simpo", "simpo_gamma")
+    cpo_alpha: float = knob("simpo", "cpo_alpha")
+    label_smoothing: float = knob("simpo", "label_smoothing")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import TrainingConfig
+from trainers.core.config import TrainingConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.core.precision import autocast_dtype
 from trainers.data.example_store import ExampleStore, ExampleWriter
@@ -64,43 +64,30 @@ LOSS_TYPES = choices("dpo", "loss_type")
 
 @dataclass
 class DPOConfig(TrainingConfig):
-    """Configuration of a DPO run: the shared fields of ``trainers.core.config.TrainingConfig``, plus
+    """Configuration of a DPO run: ``TrainingConfig``'s fields plus the ``dpo`` entry's own hyperparameters
+    (``trainers.registry``; docs/methods.md lists them with their docs and ranges), read as follows.
 
-    Data:
-        max_length: prompt + completion is truncated to this many tokens; a pair left with no chosen or
-            no rejected token is dropped.
-        max_prompt_length: the prompt is first cut to its last this many tokens (None: not cut).
-
-    Method:
-        beta: β, the strength of the implicit KL penalty towards the reference (IPO's τ).
-        loss_type: ``sigmoid`` (DPO), ``ipo`` (Azar et al. 2023, on per-token mean log-ratios, as TRL and
-            the IPO authors do) or ``hinge`` (SLiC, Zhao et al. 2023).
-        label_smoothing: ε of conservative DPO for ``sigmoid``: the label is assumed flipped with
-            probability ε (0: plain DPO).
-        precompute_ref_log_probs: compute the reference log-probs of every pair once before training,
-            then keep no reference model in memory.
-
-    Run:
-        reference_cache_file: where the training pairs' precomputed reference log-probs are kept between
-            runs (``trainers.families.reference_cache``; set by the worker, next to the training file): a
-            later
-            run on the same pairs and reference reads them instead of scoring the pairs again. None:
-            not kept.
-
-    Shared fields as DPO reads them: ``model_path`` is also the reference; with ``use_lora`` the
-    reference is the base with the adapter disabled. ``n_epochs`` passes over the training pairs;
+    A pair left with no chosen or no rejected token after truncation is dropped. ``beta`` is IPO's τ for
+    ``loss_type="ipo"`` (Azar et al. 2023, on per-token mean log-ratios, as TRL and the IPO authors do);
+    ``hinge`` is SLiC's (Zhao et al. 2023); ``label_smoothing`` applies to ``sigmoid`` only.
+    ``model_path`` is also the reference: with ``use_lora`` the base with the adapter disabled.
     ``batch_size`` counts pairs, so the forward pass sees 2 * batch_size sequences.
+
+    Run (set by the worker, not a hyperparameter):
+        reference_cache_file: where the training pairs' precomputed reference log-probs are kept between
+            runs (``trainers.families.reference_cache``; next to the training file): a later run on the
+            same pairs and reference reads them instead of scoring the pairs again. None: not kept.
     """
 
     method: ClassVar[str] = "dpo"
 
-    learning_rate: float = 5e-5
-    max_length: int = 1024
-    max_prompt_length: int | None = None
-    beta: float = 0.1
-    loss_type: str = "sigmoid"
-    label_smoothing: float = 0.0
-    precompute_ref_log_probs: bool = False
+    learning_rate: float = knob("dpo", "learning_rate")
+    max_length: int = knob("dpo", "max_length")
+    max_prompt_length: int | None = knob("dpo", "max_prompt_length")
+    beta: float = knob("dpo", "beta")
+    loss_type: str = knob("dpo", "loss_type")
+    label_smoothing: float = knob("dpo", "label_smoothing")
+    precompute_ref_log_probs: bool = knob("dpo", "precompute_ref_log_probs")
     reference_cache_file: str | None = None
 
 

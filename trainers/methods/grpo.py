@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainers.core import distributed as dist
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import RolloutConfig
+from trainers.core.config import RolloutConfig, knob
 from trainers.core.loop import LossSums, PreparedStep
 from trainers.families.entry import Rows
 from trainers.families.rl import step_completions, train_on_rollouts
@@ -56,35 +56,27 @@ from trainers.rewards.reward_set import RewardSet
 
 @dataclass
 class GRPOConfig(RolloutConfig):
-    """Configuration of a GRPO run: the shared fields of ``trainers.core.config.RolloutConfig``, plus
+    """Configuration of a GRPO run: ``RolloutConfig``'s fields plus the ``grpo`` entry's own
+    hyperparameters (``trainers.registry``; docs/methods.md lists them with their docs and ranges), read
+    as follows.
 
-    Method:
-        num_generations: completions sampled per prompt (G); the advantage compares them.
-        beta: KL coefficient to the reference (k3 estimator); 0 skips the reference entirely. The
-            reference is the base model: the adapter disabled for LoRA, a frozen copy for full training.
-        epsilon, epsilon_high: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
-            (epsilon_high None: epsilon).
-        loss_type: ``grpo`` | ``dr_grpo`` | ``dapo`` (see the module docstring).
-        scale_rewards: divide advantages by the reward std of the ``group``, of the ``batch``, or not
-            (``none``).
-        num_iterations: optimizer steps per rollout (μ); > 1 keeps the rollout's log-probs as π_old.
-        mask_truncated_completions: completions without EOS get no loss.
-
-    Shared fields as GRPO reads them: ``batch_size`` counts prompts per micro-batch, each with
-    ``num_generations`` completions; validation (``eval_steps``) scores the validation prompts' completions.
+    The advantage compares the ``num_generations`` completions of a prompt. ``beta`` 0 skips the reference
+    entirely; otherwise the reference is the base model: the adapter disabled for LoRA, a frozen copy for
+    full training. ``num_iterations`` > 1 keeps the rollout's log-probs as π_old. ``batch_size`` counts
+    prompts per micro-batch, each with ``num_generations`` completions.
     """
 
     method: ClassVar[str] = "grpo"
 
-    learning_rate: float = 1e-5
-    num_generations: int = 4
-    beta: float = 0.0
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    loss_type: str = "grpo"
-    scale_rewards: str = "group"
-    num_iterations: int = 1
-    mask_truncated_completions: bool = False
+    learning_rate: float = knob("grpo", "learning_rate")
+    num_generations: int = knob("grpo", "num_generations")
+    beta: float = knob("grpo", "beta")
+    epsilon: float = knob("grpo", "epsilon")
+    epsilon_high: float | None = knob("grpo", "epsilon_high")
+    loss_type: str = knob("grpo", "loss_type")
+    scale_rewards: str = knob("grpo", "scale_rewards")
+    num_iterations: int = knob("grpo", "num_iterations")
+    mask_truncated_completions: bool = knob("grpo", "mask_truncated_completions")
 
     @property
     def uses_reference(self) -> bool:

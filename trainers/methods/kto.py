@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import TrainingConfig
+from trainers.core.config import TrainingConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.preference import SequenceRows, stack_rows
 from trainers.data.unpaired import UnpairedBatch, UnpairedExample, collate_unpaired, tokenize_unpaired_rows
@@ -48,32 +48,24 @@ if TYPE_CHECKING:
 
 @dataclass
 class KTOConfig(TrainingConfig):
-    """Configuration of a KTO run: the shared fields of ``trainers.core.config.TrainingConfig``, plus
+    """Configuration of a KTO run: ``TrainingConfig``'s fields plus the ``kto`` entry's own hyperparameters
+    (``trainers.registry``; docs/methods.md lists them with their docs and ranges), read as follows.
 
-    Data:
-        max_length: prompt + completion is truncated to this many tokens; a row left with no completion
-            token is dropped.
-        max_prompt_length: the prompt is first cut to its last this many tokens (None: not cut).
-
-    Method:
-        beta: β, the strength of the implicit KL penalty towards the reference.
-        desirable_weight, undesirable_weight: λ_D and λ_U, the weights of the desirable and undesirable
-            examples' losses. With unbalanced data, the KTO authors advise
-            λ_D n_D / (λ_U n_U) in [1, 4/3] (Ethayarajh et al. 2024, eq. 8).
-
-    Shared fields as KTO reads them: ``model_path`` is also the reference; with ``use_lora`` the reference
-    is the base with the adapter disabled. ``batch_size`` counts examples, at least 2: the KL estimate
-    pairs each prompt with another example's completion of the same micro-batch.
+    A row left with no completion token after truncation is dropped. With unbalanced data, the KTO
+    authors advise ``desirable_weight * n_D / (undesirable_weight * n_U)`` in [1, 4/3] (Ethayarajh et al.
+    2024, eq. 8). ``model_path`` is also the reference: with ``use_lora`` the base with the adapter
+    disabled. ``batch_size`` counts examples, at least 2: the KL estimate pairs each prompt with another
+    example's completion of the same micro-batch.
     """
 
     method: ClassVar[str] = "kto"
 
-    learning_rate: float = 5e-5
-    max_length: int = 1024
-    max_prompt_length: int | None = None
-    beta: float = 0.1
-    desirable_weight: float = 1.0
-    undesirable_weight: float = 1.0
+    learning_rate: float = knob("kto", "learning_rate")
+    max_length: int = knob("kto", "max_length")
+    max_prompt_length: int | None = knob("kto", "max_prompt_length")
+    beta: float = knob("kto", "beta")
+    desirable_weight: float = knob("kto", "desirable_weight")
+    undesirable_weight: float = knob("kto", "undesirable_weight")
 
 
 @dataclass(frozen=True)

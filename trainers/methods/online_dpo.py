@@ -33,7 +33,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import RolloutConfig
+from trainers.core.config import RolloutConfig, knob
 from trainers.core.loop import LossSums, PreparedStep
 from trainers.families.entry import Rows
 from trainers.families.rl import eos_penalized, step_completions, train_on_rollouts
@@ -54,28 +54,24 @@ from trainers.rewards.reward_set import RewardScores, RewardSet
 
 @dataclass
 class OnlineDPOConfig(RolloutConfig):
-    """Configuration of an online DPO run: the shared fields of ``trainers.core.config.RolloutConfig``
-    (``temperature`` only shapes the sampling: DPO's log-probs are at temperature 1), plus
+    """Configuration of an online DPO run: ``RolloutConfig``'s fields plus the ``online_dpo`` entry's own
+    hyperparameters (``trainers.registry``; docs/methods.md lists them with their docs and ranges), read
+    as follows.
 
-    Method:
-        beta: β, the strength of the implicit KL penalty towards the reference (IPO's τ). The reference
-            is the base model: the adapter disabled for LoRA, a frozen copy for full fine-tuning.
-        loss_type: ``sigmoid`` (DPO) or ``ipo`` (Azar et al. 2023, on summed log-ratios, as TRL's
-            online DPO).
-        missing_eos_penalty: subtracted from the score of a completion without EOS before judging
-            (None: nothing), which teaches the policy to finish.
-
-    Shared fields as online DPO reads them: ``batch_size`` counts prompts (pairs) per micro-batch, so
-    the forward pass sees 2 * batch_size sequences; validation (``eval_steps``) scores one completion
-    per validation prompt with the grader.
+    ``temperature`` only shapes the sampling: DPO's log-probs are at temperature 1. The reference is the
+    base model: the adapter disabled for LoRA, a frozen copy for full fine-tuning. ``loss_type="ipo"`` is
+    on summed log-ratios, as TRL's online DPO. ``missing_eos_penalty`` applies before judging, which
+    teaches the policy to finish. ``batch_size`` counts prompts (pairs) per micro-batch, so the forward
+    pass sees 2 * batch_size sequences.
     """
 
     method: ClassVar[str] = "online_dpo"
 
-    learning_rate: float = 5e-5
-    beta: float = 0.1
-    loss_type: str = "sigmoid"
-    missing_eos_penalty: float | None = None
+    learning_rate: float = knob("online_dpo", "learning_rate")
+    temperature: float = knob("online_dpo", "temperature")
+    beta: float = knob("online_dpo", "beta")
+    loss_type: str = knob("online_dpo", "loss_type")
+    missing_eos_penalty: float | None = knob("online_dpo", "missing_eos_penalty")
 
     @property
     def uses_reference(self) -> bool:

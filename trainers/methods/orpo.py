@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
+from trainers.core.config import knob
 from trainers.core.loop import LossSums
 from trainers.data.preference import PreferenceBatch
 from trainers.families.entry import Rows
@@ -36,16 +37,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class ORPOConfig(PairConfig):
-    """Configuration of an ORPO run: the fields of ``trainers.families.pairs.PairConfig``, plus
-
-    Method:
-        beta: β (the paper's λ), the weight of the odds-ratio term against the SFT term.
-    """
+    """Configuration of an ORPO run: ``PairConfig``'s fields plus the ``orpo`` entry's own hyperparameters
+    (``trainers.registry``; docs/methods.md lists them with their docs and ranges)."""
 
     method: ClassVar[str] = "orpo"
 
-    learning_rate: float = 5e-5
-    beta: float = 0.1
+    learning_rate: float = knob("orpo", "learning_rate")
+    beta: float = knob("orpo", "beta")
 
 
 @dataclass(frozen=True)

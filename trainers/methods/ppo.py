@@ -40,7 +40,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainers.core import distributed as dist
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import RolloutConfig
+from trainers.core.config import RolloutConfig, knob
 from trainers.core.loop import LossSums, PreparedStep, TrainingTask, run_training
 from trainers.families.entry import Rows, begin_training, load_model_to_train
 from trainers.families.rl import eos_penalized, frozen_reference, reward_evaluator, step_completions
@@ -62,37 +62,29 @@ from trainers.rewards.reward_set import RewardScores, RewardSet
 
 @dataclass
 class PPOConfig(RolloutConfig):
-    """Configuration of a PPO run (one completion per prompt): the shared fields of
-    ``trainers.core.config.RolloutConfig``, plus
+    """Configuration of a PPO run (one completion per prompt): ``RolloutConfig``'s fields plus the ``ppo``
+    entry's own hyperparameters (``trainers.registry``; docs/methods.md lists them with their docs and
+    ranges), read as follows.
 
-    Method:
-        num_ppo_epochs: passes over each rollout.
-        num_mini_batches: mini-batches (optimizer steps) per pass; must divide the rollout's prompts.
-        kl_coef: per-token KL penalty to the reference (the base: adapter disabled for LoRA).
-        gamma, lam: GAE discount and λ.
-        cliprange: policy ratio clip ε; cliprange_value: value clip around the rollout's values.
-        vf_coef: weight of the value loss.
-        whiten_advantages: normalise advantages to mean 0, std 1 over the rollout's tokens.
-        missing_eos_penalty: subtracted from the score of completions without EOS (None: nothing).
-
-    Shared fields as PPO reads them: ``batch_size`` counts prompts per micro-batch; ``max_steps`` counts
-    optimizer steps, each rollout making ``num_ppo_epochs * num_mini_batches`` of them; validation
-    (``eval_steps``) scores the validation prompts' completions.
+    ``num_mini_batches`` must divide the rollout's prompts; ``kl_coef``'s reference is the base (the
+    adapter disabled for LoRA); ``whiten_advantages`` normalises over the rollout's tokens.
+    ``batch_size`` counts prompts per micro-batch; ``max_steps`` counts optimizer steps, each rollout
+    making ``num_ppo_epochs * num_mini_batches`` of them.
     """
 
     method: ClassVar[str] = "ppo"
 
-    learning_rate: float = 3e-6
-    num_ppo_epochs: int = 4
-    num_mini_batches: int = 1
-    kl_coef: float = 0.05
-    gamma: float = 1.0
-    lam: float = 0.95
-    cliprange: float = 0.2
-    cliprange_value: float = 0.2
-    vf_coef: float = 0.1
-    whiten_advantages: bool = True
-    missing_eos_penalty: float | None = None
+    learning_rate: float = knob("ppo", "learning_rate")
+    num_ppo_epochs: int = knob("ppo", "num_ppo_epochs")
+    num_mini_batches: int = knob("ppo", "num_mini_batches")
+    kl_coef: float = knob("ppo", "kl_coef")
+    gamma: float = knob("ppo", "gamma")
+    lam: float = knob("ppo", "lam")
+    cliprange: float = knob("ppo", "cliprange")
+    cliprange_value: float = knob("ppo", "cliprange_value")
+    vf_coef: float = knob("ppo", "vf_coef")
+    whiten_advantages: bool = knob("ppo", "whiten_advantages")
+    missing_eos_penalty: float | None = knob("ppo", "missing_eos_penalty")
 
     @property
     def uses_reference(self) -> bool:

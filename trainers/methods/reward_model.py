@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
+from trainers.core.config import knob
 from trainers.core.loop import LossSums
 from trainers.data.preference import (
     PreferenceBatch,
@@ -54,7 +55,7 @@ class RewardModelConfig(PairConfig):
 
     method: ClassVar[str] = "reward_model"
 
-    learning_rate: float = 1e-4
+    learning_rate: float = knob("reward_model", "learning_rate")
 
 
 def pairwise_loss(

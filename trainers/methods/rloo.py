@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainers.core import distributed as dist
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import RolloutConfig
+from trainers.core.config import RolloutConfig, knob
 from trainers.core.loop import LossSums, PreparedStep
 from trainers.families.entry import Rows
 from trainers.families.rl import step_completions, train_on_rollouts
@@ -54,34 +54,28 @@ from trainers.rewards.reward_set import RewardSet
 
 @dataclass
 class RLOOConfig(RolloutConfig):
-    """Configuration of an RLOO run: the shared fields of ``trainers.core.config.RolloutConfig``, plus
+    """Configuration of an RLOO run: ``RolloutConfig``'s fields plus the ``rloo`` entry's own
+    hyperparameters (``trainers.registry``; docs/methods.md lists them with their docs and ranges), read
+    as follows.
 
-    Method:
-        num_generations: completions sampled per prompt (k); each one's baseline is the mean reward of
-            the other k - 1.
-        beta: coefficient of the KL penalty subtracted from each completion's reward (the summed
-            per-token log-ratio to the reference, as in the paper); 0 skips the reference entirely.
-            The reference is the base model: the adapter disabled for LoRA, a frozen copy otherwise.
-        epsilon, epsilon_high: the sequence ratio is clipped to [1 - epsilon, 1 + epsilon_high]
-            (epsilon_high None: epsilon); it matters only with ``num_iterations`` > 1.
-        num_iterations: optimizer steps per rollout; > 1 keeps the rollout's log-probs as π_old.
-        normalize_advantages: whiten the advantages over the step's completions.
-        mask_truncated_completions: completions without EOS get no loss.
-
-    Shared fields as RLOO reads them: ``batch_size`` counts prompts per micro-batch, each with
-    ``num_generations`` completions; validation (``eval_steps``) scores the validation prompts' completions.
+    Each completion's baseline is the mean reward of the other ``num_generations`` - 1 of its prompt.
+    ``beta`` 0 skips the reference entirely; otherwise the reference is the base model: the adapter
+    disabled for LoRA, a frozen copy otherwise. The sequence ratio clip (``epsilon``, ``epsilon_high``)
+    matters only with ``num_iterations`` > 1, which keeps the rollout's log-probs as π_old.
+    ``normalize_advantages`` whitens over the step's completions. ``batch_size`` counts prompts per
+    micro-batch, each with ``num_generations`` completions.
     """
 
     method: ClassVar[str] = "rloo"
 
-    learning_rate: float = 1e-5
-    num_generations: int = 4
-    beta: float = 0.05
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    num_iterations: int = 1
-    normalize_advantages: bool = False
-    mask_truncated_completions: bool = False
+    learning_rate: float = knob("rloo", "learning_rate")
+    num_generations: int = knob("rloo", "num_generations")
+    beta: float = knob("rloo", "beta")
+    epsilon: float = knob("rloo", "epsilon")
+    epsilon_high: float | None = knob("rloo", "epsilon_high")
+    num_iterations: int = knob("rloo", "num_iterations")
+    normalize_advantages: bool = knob("rloo", "normalize_advantages")
+    mask_truncated_completions: bool = knob("rloo", "mask_truncated_completions")
 
     @property
     def uses_reference(self) -> bool:

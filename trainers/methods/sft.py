@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import TrainingConfig
+from trainers.core.config import TrainingConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.collate import SFTBatch, pack_batch, pad_batch
 from trainers.data.sft import TokenizedExample, tokenize_sft_rows
@@ -37,22 +37,20 @@ if TYPE_CHECKING:
 
 @dataclass
 class SFTConfig(TrainingConfig):
-    """Configuration of an SFT run: the shared fields of ``trainers.core.config.TrainingConfig``, plus
+    """Configuration of an SFT run: ``TrainingConfig``'s fields plus the ``supervised`` entry's own
+    hyperparameters (``trainers.registry``; docs/methods.md lists them with their docs and ranges).
 
-    Data:
-        max_length: examples are truncated to this many tokens; those left with no target are dropped.
-        packing: bin each micro-batch's examples into rows of at most ``max_length`` tokens (best-fit
-            decreasing) instead of padding every example to the longest; position ids restart per
-            example, so examples do not attend to each other. Same loss as padded batches.
-            Without it, the architectures whose decoder runs alone (``modeling.runs_packed``) still
-            pack, into rows no wider than the micro-batch's longest example: padding-free, with the
-            attention width padding would have.
+    ``max_length`` truncates each example; one left with no target is dropped. ``packing`` bins a
+    micro-batch's examples into rows of ``max_length`` tokens, position ids restarting per example: the
+    same loss as padded batches. Without it, the architectures whose decoder runs alone
+    (``modeling.runs_packed``) still pack, into rows no wider than the micro-batch's longest example:
+    padding-free, with the attention width padding would have.
     """
 
     method: ClassVar[str] = "supervised"
 
-    max_length: int = 1024
-    packing: bool = False
+    max_length: int = knob("supervised", "max_length")
+    packing: bool = knob("supervised", "packing")
 
 
 def sft_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:

@@ -1,5 +1,5 @@
 """The ``multi`` grader's formula (``calculate_output``): numbers, the sub-graders' names, + - * /, and
-``min``/``max``/``abs`` calls. One checker for the API (``service/jobs/graders.py``, at job creation) and
+``min``/``max``/``abs`` calls. One checker for the API (``service/graders/shapes.py``, at job creation) and
 the worker (``trainers.rewards.graders``, before grading), so both accept exactly the same formulas.
 
 Standard library only: the service imports this module (and ``trainers.registry``) and nothing else of

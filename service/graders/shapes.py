@@ -23,14 +23,15 @@ class StringCheckGrader(_Grader):
     type: Literal["string_check"]
     operation: Literal["eq", "ne", "like", "ilike"]
     input: str = Field(min_length=1, description=TEMPLATE_HELP)
-    reference: str = Field(description=TEMPLATE_HELP)
+    # non-empty, as trainers.rewards.graders.validate_grader requires: stated here so the schema says it too
+    reference: str = Field(min_length=1, description=TEMPLATE_HELP)
 
 
 class TextSimilarityGrader(_Grader):
     type: Literal["text_similarity"]
     evaluation_metric: Literal["fuzzy_match", "bleu"]
     input: str = Field(min_length=1, description=TEMPLATE_HELP)
-    reference: str = Field(description=TEMPLATE_HELP)
+    reference: str = Field(min_length=1, description=TEMPLATE_HELP)
 
 
 class ScoreModelGrader(_Grader):
