@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.model_flops import H200_BF16_DENSE_PEAK
-from bench.trainers_vs_trl import PRECISION_VARIABLE, ROOT, Size
+from bench.trainers_vs_trl import PRECISION_VARIABLE, RANDOM_CONFIGS, ROOT, Size
 
 SCHEMA = 1
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -83,16 +83,7 @@ IMPLS = ("ours", "trl")
 
 # Shapes only (random weights): transformers' Llama architecture for all three (see the docstring)
 MODELS: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": {
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-        "attention_bias": True,
-    },
+    "qwen2.5-0.5b": RANDOM_CONFIGS["llama-0.5b-random"],  # the CPU/GPU trainers bench's 0.5B shapes
     "qwen2.5-1.5b": {
         "hidden_size": 1536,
         "intermediate_size": 8960,
