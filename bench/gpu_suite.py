@@ -251,10 +251,10 @@ CORRECTNESS_PLAN: list[tuple[str, str, str]] = [("qwen2.5-0.5b", m, "base") for 
 # for backward against transformers' own forwards, under bf16 autocast); run with --confcutdir so that
 # tests/conftest.py (the service's fixtures, whose packages the device lacks) is not loaded
 PYTEST_FILES = (
-    "tests/trainers/test_losses.py",
-    "tests/trainers/test_target_log_probs.py",
-    "tests/trainers/test_precision.py",
-    "tests/trainers/test_activation_memory.py",
+    "tests/trainers/losses/test_losses.py",
+    "tests/trainers/modeling/test_target_log_probs.py",
+    "tests/trainers/core/test_precision.py",
+    "tests/trainers/kernels/test_activation_memory.py",
 )
 PYTEST_TIMEOUT_S = 240.0
 SMOKE_PLAN: list[tuple[str, str, str]] = [

@@ -3,7 +3,7 @@
     make mutants                                   # the DEFAULT modules below (~45 min on 2 cores)
     make mutants MODULES="trainers/methods/grpo.py"        # any module listed in GUARDS
     python -m tests.mutants trainers/losses/causal_lm.py     # the same, without make
-    python -m tests.mutants --recheck trainers/core/loop.py tests/trainers/test_loop.py
+    python -m tests.mutants --recheck trainers/core/loop.py tests/trainers/core/test_loop.py
         # after writing tests for a finished run's survivors: each survivor tried again, in a fresh
         # process, against those test files as they are now (minutes, not a new full run)
 
@@ -32,44 +32,47 @@ WORK = Path(os.environ.get("MUTANTS_DIR", "/tmp/tunehouse-mutants"))
 
 # module -> the tests that decide whether a change to it is caught
 GUARDS: dict[str, list[str]] = {
-    "trainers/losses/causal_lm.py": ["tests/trainers/test_losses.py", "tests/trainers/test_sft_training.py"],
+    "trainers/losses/causal_lm.py": [
+        "tests/trainers/losses/test_losses.py",
+        "tests/trainers/methods/test_sft_training.py",
+    ],
     "worker/lease.py": ["tests/worker/test_lease.py"],
     "service/jobs/spec.py": ["tests/service/test_job_spec.py", "tests/worker/test_methods.py"],
     "service/jobs/creation.py": ["tests/service/test_job_creation.py"],
     "service/jobs/transitions.py": ["tests/service/test_job_transitions.py"],
     "service/files/validation.py": ["tests/service/test_file_validation.py"],
-    "trainers/data/collate.py": ["tests/trainers/test_data.py", "tests/trainers/test_packing.py"],
-    "trainers/losses/advantages.py": ["tests/trainers/test_advantages.py"],
-    "trainers/losses/rl.py": ["tests/trainers/test_rl_losses.py"],
-    "trainers/data/example_store.py": ["tests/trainers/test_example_store.py"],
-    "trainers/data/jsonl_rows.py": ["tests/trainers/test_jsonl_rows.py"],
+    "trainers/data/collate.py": ["tests/trainers/data/test_data.py", "tests/trainers/data/test_packing.py"],
+    "trainers/losses/advantages.py": ["tests/trainers/losses/test_advantages.py"],
+    "trainers/losses/rl.py": ["tests/trainers/losses/test_rl_losses.py"],
+    "trainers/data/example_store.py": ["tests/trainers/data/test_example_store.py"],
+    "trainers/data/jsonl_rows.py": ["tests/trainers/data/test_jsonl_rows.py"],
     "trainers/losses/preference.py": [
-        "tests/trainers/test_reference_free.py::test_loss_equals_trl",
-        "tests/trainers/test_reference_free.py::test_losses_by_hand",
-        "tests/trainers/test_reference_free.py::test_log1mexp_is_accurate_on_both_sides_of_its_switch",
-        "tests/trainers/test_reference_free.py::test_defaults_are_the_papers",
-        "tests/trainers/test_kto.py::test_kto_loss_equals_trl",
-        "tests/trainers/test_kto.py::test_kto_loss_by_hand",
+        "tests/trainers/methods/test_reference_free.py::test_loss_equals_trl",
+        "tests/trainers/methods/test_reference_free.py::test_losses_by_hand",
+        "tests/trainers/methods/test_reference_free.py::test_log1mexp_is_accurate_on_both_sides_of_its_switch",
+        "tests/trainers/methods/test_reference_free.py::test_defaults_are_the_papers",
+        "tests/trainers/methods/test_kto.py::test_kto_loss_equals_trl",
+        "tests/trainers/methods/test_kto.py::test_kto_loss_by_hand",
     ],
-    "trainers/methods/grpo.py": ["tests/trainers/test_grpo.py"],
-    "trainers/methods/ppo.py": ["tests/trainers/test_ppo.py"],
-    "trainers/methods/dpo.py": ["tests/trainers/test_dpo.py"],
-    "trainers/families/rl.py": ["tests/trainers/test_rl.py", "tests/trainers/test_grpo.py"],
-    "trainers/rewards/graders.py": ["tests/trainers/test_rewards.py"],
+    "trainers/methods/grpo.py": ["tests/trainers/methods/test_grpo.py"],
+    "trainers/methods/ppo.py": ["tests/trainers/methods/test_ppo.py"],
+    "trainers/methods/dpo.py": ["tests/trainers/methods/test_dpo.py"],
+    "trainers/families/rl.py": ["tests/trainers/families/test_rl.py", "tests/trainers/methods/test_grpo.py"],
+    "trainers/rewards/graders.py": ["tests/trainers/rewards/test_rewards.py"],
     "trainers/core/loop.py": [
-        "tests/trainers/test_loop.py",
-        "tests/trainers/test_sft_training.py",
-        "tests/trainers/test_resume.py",
-        "tests/trainers/test_checkpoint_policy.py",
-        "tests/trainers/test_schedule.py",
+        "tests/trainers/core/test_loop.py",
+        "tests/trainers/methods/test_sft_training.py",
+        "tests/trainers/core/test_resume.py",
+        "tests/trainers/core/test_checkpoint_policy.py",
+        "tests/trainers/core/test_schedule.py",
         # a rollout preparer reused over steps (RLOO), a value head trained alongside (PPO)
-        "tests/trainers/test_rloo.py::test_resume_repeats_the_uninterrupted_run",
-        "tests/trainers/test_ppo.py::test_resume_repeats_the_uninterrupted_run",
+        "tests/trainers/methods/test_rloo.py::test_resume_repeats_the_uninterrupted_run",
+        "tests/trainers/methods/test_ppo.py::test_resume_repeats_the_uninterrupted_run",
     ],
     "trainers/core/checkpoint.py": [
-        "tests/trainers/test_checkpoint.py",
-        "tests/trainers/test_resume.py",
-        "tests/trainers/test_checkpoint_policy.py",
+        "tests/trainers/core/test_checkpoint.py",
+        "tests/trainers/core/test_resume.py",
+        "tests/trainers/core/test_checkpoint_policy.py",
     ],
 }
 # the modules whose guarding tests take seconds (~45 min in all on 2 cores); the trainers' training

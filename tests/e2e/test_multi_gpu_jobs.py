@@ -122,7 +122,7 @@ def _run_pair(
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_rank_sft_job_matches_one_rank_job(two_gpu_stack: httpx.Client, strategy: str) -> None:
     """DDP, and FSDP (weights sharded over the 2 ranks; 1e-4: it computes the logits whole where one
-    rank chunks the LM head, see tests/trainers/test_distributed.py)."""
+    rank chunks the LM head, see tests/trainers/core/test_distributed.py)."""
     client = two_gpu_stack
     # 18 rows of 2 = 9 micro-batches an epoch, 2 a step: each epoch ends with a step of one micro-batch,
     # which rank 1 has no share of and must still take part in
@@ -158,7 +158,7 @@ def test_two_rank_dpo_job_matches_one_rank_job(two_gpu_stack: httpx.Client) -> N
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_rank_grpo_job_covers_the_one_rank_steps(two_gpu_stack: httpx.Client, strategy: str) -> None:
     """An online method on 2 ranks: each samples and trains its share of a step's prompts. Sampling
-    differs from 1 rank's, so the curves are not compared (tests/trainers/test_distributed.py trains the
+    differs from 1 rank's, so the curves are not compared (tests/trainers/core/test_distributed.py trains the
     online methods on 2 ranks with a signal); the grader here scores the prompt alone, so its step mean
     shows that a step covers the same prompts, over both ranks' completions."""
     client = two_gpu_stack

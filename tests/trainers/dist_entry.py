@@ -1,4 +1,4 @@
-"""One rank of a data-parallel trainer run, for tests/trainers/test_distributed.py.
+"""One rank of a data-parallel trainer run, for tests/trainers/core/test_distributed.py.
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m tests.trainers.dist_entry SPEC
 

@@ -1,4 +1,4 @@
-"""One rank of the step-wide statistics check, for tests/trainers/test_distributed.py.
+"""One rank of the step-wide statistics check, for tests/trainers/core/test_distributed.py.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m tests.trainers.dist_stats_entry OUT
 

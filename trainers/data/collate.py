@@ -2,7 +2,7 @@
 (``trainers.data.packing``: best-fit decreasing, ``position_ids`` restarting per example, no attention mask).
 
 Packed examples never attend to one another provided the forward pass gets ``use_cache=False`` (with a
-KV cache transformers skips the packed-sequence detection). tests/trainers/test_packing.py checks that
+KV cache transformers skips the packed-sequence detection). tests/trainers/data/test_packing.py checks that
 packed and padded batches give the same per-example losses. The first token of every example has no
 target, so no loss crosses an example boundary.
 """

@@ -25,7 +25,7 @@ repeating keys and values. Masked scores are set to -80 before ``exp`` and their
 it: an ``exp`` of -inf, or of anything whose result underflows, took 6x as long as of an ordinary value
 on that CPU. The scores are rounded to bf16 by the product, as transformers' eager attention rounds
 them; the gradients stay within twice the flash kernel's distance from a float32 reference
-(tests/trainers/test_cpu_attention.py). In float32 the same products were slower than the kernel's
+(tests/trainers/kernels/test_cpu_attention.py). In float32 the same products were slower than the kernel's
 backward on an AVX2-only AMD EPYC (40 against 35 ms a layer at the bench's width), so float32 keeps it.
 
 Where it runs: ``attention_forward`` takes transformers' "sdpa" attention calls of a trainer process

@@ -18,7 +18,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.rloo_trainer import RLOOTrainer
 
 import trainers.losses.rl
-from tests.trainers.test_advantages import LENGTHS, completion_mask
+from tests.trainers.losses.test_advantages import LENGTHS, completion_mask
 from trainers.losses.advantages import judge_pairs
 from trainers.losses.rl import grpo_loss, online_dpo_loss, ppo_loss, rloo_loss
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
-from tests.trainers.test_grpo import HAS_E_SET, ROWS
+from tests.trainers.methods.test_grpo import HAS_E_SET, ROWS
 from trainers.methods.rloo import RLOOConfig, train_rloo
 
 RL_KEYS = {

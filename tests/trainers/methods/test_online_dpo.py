@@ -12,7 +12,7 @@ import pytest
 from trl.import_utils import TRLExperimentalWarning
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
-from tests.trainers.test_grpo import HAS_E_SET, ROWS
+from tests.trainers.methods.test_grpo import HAS_E_SET, ROWS
 from trainers.methods.online_dpo import OnlineDPOConfig, train_online_dpo
 
 with warnings.catch_warnings():  # TRL warns, once, that its experimental trainers may change

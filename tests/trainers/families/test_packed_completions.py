@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.trainers.helpers import Recorder, assert_packed_trains_as_padded
-from tests.trainers.test_grpo import HAS_E_SET, ROWS
+from tests.trainers.methods.test_grpo import HAS_E_SET, ROWS
 from trainers.families import rollout
 from trainers.families.rollout import completion_layout, completion_logps, forward_completion, token_logps
 from trainers.methods.grpo import GRPOConfig, train_grpo

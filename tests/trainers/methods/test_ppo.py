@@ -21,7 +21,7 @@ from transformers import (
 
 import trainers.methods.ppo
 from tests.trainers.helpers import Recorder
-from tests.trainers.test_grpo import HAS_E_SET, ROWS, CopyCounter
+from tests.trainers.methods.test_grpo import HAS_E_SET, ROWS, CopyCounter
 from trainers.core.loop import StopRequest
 from trainers.families.rollout import RLPrompt, completion_logps
 from trainers.methods.ppo import (

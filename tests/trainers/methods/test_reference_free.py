@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from trl.import_utils import TRLExperimentalWarning
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
-from tests.trainers.test_dpo import STRING_ROWS, separable_rows
+from tests.trainers.methods.test_dpo import STRING_ROWS, separable_rows
 from trainers.core.errors import DataError
 from trainers.core.loop import LossSums
 from trainers.data.preference import PreferenceExample, collate_preferences, tokenize_preference_rows

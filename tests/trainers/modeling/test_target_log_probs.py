@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from tests.trainers.test_dpo import separable_rows
+from tests.trainers.methods.test_dpo import separable_rows
 from trainers.data.preference import PreferenceBatch, collate_preferences, tokenize_preference_rows
 from trainers.families.pairs import pair_forward
 from trainers.losses import causal_lm as losses

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 import trainers.methods.dpo
 from tests.trainers.helpers import Recorder
-from tests.trainers.test_dpo import separable_rows
+from tests.trainers.methods.test_dpo import separable_rows
 from trainers.data.packing import PairPacking
 from trainers.data.preference import PreferenceExample, tokenize_preference_rows
 from trainers.families.entry import load_model_to_train

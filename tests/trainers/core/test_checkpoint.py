@@ -1,7 +1,8 @@
 """Checkpoints (trainers/core/checkpoint.py) written and read directly: what a resumable checkpoint holds and
 gives back, how a step's folder is replaced, which folders count, and what is refused.
 
-The loop-level guarantees (a resumed run repeats the uninterrupted one) are tests/trainers/test_resume.py.
+The loop-level guarantees (a resumed run repeats the uninterrupted one) are
+tests/trainers/core/test_resume.py.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 import trainers.methods.grpo
 from tests.trainers.helpers import Recorder
-from tests.trainers.test_advantages import trl_group_advantages
-from tests.trainers.test_rl_losses import trl_grpo_loss
+from tests.trainers.losses.test_advantages import trl_group_advantages
+from tests.trainers.losses.test_rl_losses import trl_grpo_loss
 from trainers.core.errors import DataError
 from trainers.core.loop import PreparedStep, StopRequest
 from trainers.families.rollout import (

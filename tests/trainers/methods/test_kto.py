@@ -19,7 +19,7 @@ from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference, KTOTraine
 from trl.trainer.utils import add_fused_lm_head
 
 from tests.trainers.helpers import RESUME_RUN, Recorder
-from tests.trainers.test_dpo import separable_rows
+from tests.trainers.methods.test_dpo import separable_rows
 from trainers.core.errors import DataError
 from trainers.core.loop import run_training
 from trainers.data.preference import tokenize_preference_rows

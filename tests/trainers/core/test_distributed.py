@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainers.helpers import Recorder
-from tests.trainers.test_dpo import separable_rows
+from tests.trainers.methods.test_dpo import separable_rows
 from trainers.core.checkpoint import latest_checkpoint, resumable_checkpoints
 from trainers.registry import METHODS, resolve
 from trainers.rewards.graders import build_grader

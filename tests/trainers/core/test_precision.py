@@ -3,7 +3,7 @@ explicit ``bf16`` autocasts: ``auto``, ``fp16`` and ``no`` train in plain fp32, 
 computes its matrix products in bf16 while its losses stay within bf16's rounding of the fp32 run's
 (the accuracy check; the speed is in docs/benchmarks.md). A value outside the list is refused naming
 the hyperparameter. What the loop does with fp16 (a gradient scaler whose state is checkpointed and
-restored) is tested on the CPU in tests/trainers/test_loop.py, with the GPU's answer stubbed."""
+restored) is tested on the CPU in tests/trainers/core/test_loop.py, with the GPU's answer stubbed."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from peft import PeftModel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.trainers.helpers import Recorder
-from tests.trainers.test_dpo import separable_rows
+from tests.trainers.methods.test_dpo import separable_rows
 from trainers.core.errors import DataError
 from trainers.core.precision import PRECISIONS, autocast_dtype
 from trainers.families.entry import load_model_to_train
