@@ -184,8 +184,8 @@ async def receive_upload(
     except FormParserError as exc:
         if "Maximum header size exceeded" in str(exc):  # issue 46: say which limit, and the name's own
             raise BadRequest(
-                f"a part's header line is longer than {MAX_PART_HEADER_BYTES} bytes (the file's name is "
-                f"at most {MAX_FILENAME_CHARS} characters)",
+                f"a multipart part's header line is longer than {MAX_PART_HEADER_BYTES} bytes (the file's "
+                f"name is at most {MAX_FILENAME_CHARS} characters)",
                 param="file",
                 code="invalid_filename",
             ) from exc

@@ -17,7 +17,6 @@ greedily (top-p keeping one token), 2 ranks draw one process's completions, and 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -26,10 +25,8 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from tests.trainers.helpers import Recorder
-from tests.trainers.methods.test_dpo import separable_rows
 from trainers.core.checkpoint import latest_checkpoint, resumable_checkpoints
 from trainers.registry import METHODS, resolve
 from trainers.rewards.graders import build_grader
@@ -220,52 +217,6 @@ def test_an_fsdp_checkpoint_resumes_on_one_process_and_a_one_process_one_on_fsdp
 
 # Every offline method other than SFT trains on preference pairs; KTO reads each pair as two unpaired rows
 # and needs 2 of them per micro-batch, as its KL estimate pairs each prompt with another's completion.
-PAIR_METHODS = ["dpo", "orpo", "cpo", "simpo", "kto", "reward_model"]
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("method", PAIR_METHODS)
-def test_two_rank_preference_methods_match_one_process(
-    method: str, strategy: str, tiny_model_path: Path, tmp_path: Path
-) -> None:
-    """Every step metric (the method's own included) as the 1-process run with the same global batch;
-    LoRA (the default) sharded with its frozen base under FSDP, and the reward model's score head."""
-    # every offline method is here: with SFT, the rest are online (their own test below; "reinforcement"
-    # is GRPO under OpenAI's name)
-    offline = {m for m, d in METHODS.items() if not d.grader}
-    assert offline == {"supervised", *PAIR_METHODS}
-    assert set(METHODS) == offline | set(ONLINE_RUNS) | {"reinforcement"}
-    pairs = separable_rows(10)  # 5 micro-batches of 2: the last step has one, on rank 0
-    base = {
-        "model_path": str(tiny_model_path),
-        "batch_size": 2,
-        "n_epochs": 1,
-        "learning_rate": 5e-3,
-        "seed": 5,
-        "save_steps": 0,
-    }
-    reference = in_process(
-        method, {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}, pairs
-    )
-    rows = _write_rows(tmp_path / "pairs.jsonl", pairs)
-    config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
-    done, reports = launch(tmp_path, ranks=2, method=method, config=config, rows=rows, strategy=strategy)
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    main = reports[0]
-    steps = len(reference.steps)
-    assert len(main["steps"]) == steps >= 3
-    measured = set(reference.steps[0]) - {"step", "tokens_per_second"}
-    assert set(main["steps"][0]) - {"step", "tokens_per_second"} == measured
-    assert_same_curve(main["steps"], reference.steps, tuple(sorted(measured)), TOLERANCE[strategy])
-    assert main["checkpoints"] == [[steps, True]]
-    # the exported model (LoRA merged into the base; FSDP: from the weights gathered whole)
-    ours = load_file(Path(main["final_checkpoint"]) / "model" / "model.safetensors")
-    theirs = load_file(reference.checkpoints[-1].path / "model" / "model.safetensors")
-    assert ours.keys() == theirs.keys()
-    for name, weight in theirs.items():
-        assert torch.allclose(ours[name], weight, rtol=0, atol=1e-5), name
-
-
 def test_step_statistics_are_taken_over_every_rank(tmp_path: Path) -> None:
     """Ranks holding unequal shares of a batch get one process's batch-wide reward scale, advantage
     whitening and sums (a rank's own share's would differ: the shares have different statistics)."""
@@ -305,138 +256,3 @@ def test_step_statistics_are_taken_over_every_rank(tmp_path: Path) -> None:
 # process): the last step has one, on rank 0, and rank 1 samples the epoch's first micro-batch instead.
 # Reward "v" depends on the prompt only: its step mean is the same however the completions came out, so
 # it shows which prompts a step covered. Reward "e" depends on the completion: it gives the run a signal.
-ONLINE_ROWS = [{"prompt": f"Question {i}:", "value": "yes" if i % 3 else "no"} for i in range(10)]
-ONLINE_GRADERS = [
-    {"type": "string_check", "name": "v", "operation": "eq", "input": "{{item.value}}", "reference": "yes"},
-    {
-        "type": "string_check",
-        "name": "e",
-        "operation": "like",
-        "input": "{{sample.output_text}}",
-        "reference": "e",
-    },
-]
-ONLINE_RUNS: dict[str, dict[str, Any]] = {
-    "grpo": {"num_generations": 2, "scale_rewards": "batch", "beta": 0.1},
-    "ppo": {"num_ppo_epochs": 1, "num_mini_batches": 1, "whiten_advantages": True},
-    "rloo": {"num_generations": 2, "normalize_advantages": True},
-    "online_dpo": {},
-}
-
-
-def _online_base(tiny_model_path: Path, method: str) -> dict[str, Any]:
-    return {
-        "model_path": str(tiny_model_path),
-        "batch_size": 2,
-        "n_epochs": 1,
-        "max_completion_length": 4,
-        "learning_rate": 1e-3,
-        "seed": 3,
-        "save_steps": 0,
-        **ONLINE_RUNS[method],
-    }
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("method", sorted(ONLINE_RUNS))
-def test_two_rank_online_methods_cover_the_one_process_steps(
-    method: str, strategy: str, tiny_model_path: Path, tmp_path: Path
-) -> None:
-    """Each rank samples and trains its share of a step's prompts; the step's metrics are over both
-    ranks' completions. Sampling differs from one process's (each rank draws its own), so the loss is
-    not compared: the prompt-only reward's mean shows that a step covers the same prompts."""
-    base = _online_base(tiny_model_path, method)
-    one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
-    valid_rows = ONLINE_ROWS[:3]  # sampled and graded once, at the end (FSDP: with the weights whole)
-    reference = in_process(method, one, ONLINE_ROWS, valid_rows, ONLINE_GRADERS)
-    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
-    valid = _write_rows(tmp_path / "valid.jsonl", valid_rows)
-    config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
-    done, reports = launch(
-        tmp_path,
-        ranks=2,
-        method=method,
-        config=config,
-        rows=rows,
-        valid_rows=valid,
-        graders=ONLINE_GRADERS,
-        strategy=strategy,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    main, other = reports
-    assert len(main["steps"]) == len(reference.steps) == 3
-    assert set(main["steps"][0]) == set(reference.steps[0])
-    # steps 1 and 2 hold the same 4 prompts on 2 ranks as in one process
-    for ours, theirs in zip(main["steps"][:2], reference.steps[:2], strict=True):
-        assert ours["rewards/v/mean"] == pytest.approx(theirs["rewards/v/mean"], abs=1e-6)
-    # the last step: rank 0's micro-batch 4 and, on rank 1, micro-batch 0 again; one process: 4 alone
-    assert main["steps"][2]["rewards/v/mean"] != pytest.approx(reference.steps[2]["rewards/v/mean"])
-    assert [e["step"] for e in main["evals"]] == [e["step"] for e in reference.evals] == [3]
-    # the prompt-only reward of the validation prompts: the same whatever was sampled
-    assert main["evals"][0]["valid_reward/v"] == reference.evals[0]["valid_reward/v"]
-    assert all(math.isfinite(row["loss"]) for row in main["steps"])
-    assert (other["steps"], other["checkpoints"]) == ([], [])
-    assert main["checkpoints"] == [[3, True]]
-
-
-# Nucleus sampling that keeps the top token alone: greedy decoding, whatever the seed. Then 2 ranks
-# sample one process's completions, and PPO's advantage whitening, taken over the whole step, must make
-# their steps one process's. (GRPO, RLOO and online DPO learn nothing from greedy samples: a prompt's
-# completions are all alike, so their advantages are 0; their step statistics are checked above.)
-GREEDY_KEYS = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_rank_greedy_ppo_steps_equal_one_process(
-    strategy: str, tiny_model_path: Path, tmp_path: Path
-) -> None:
-    base = {**_online_base(tiny_model_path, "ppo"), "top_p": 1e-9}
-    one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
-    reference = in_process("ppo", one, ONLINE_ROWS, None, ONLINE_GRADERS)
-    assert all(row["grad_norm"] > 0 for row in reference.steps[:2])  # it learns from these samples
-    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
-    config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
-    run = {"method": "ppo", "rows": rows, "graders": ONLINE_GRADERS, "strategy": strategy}
-    done, reports = launch(tmp_path, ranks=2, config=config, **run)
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    # steps 1 and 2 cover the same prompts on both sides (the last step does not, see above)
-    # PPO's policy loss here is a mean of whitened advantages (zero-sum) times ratios within ~1e-6 of 1:
-    # what is left is float32 rounding (~1e-6, 7.4e-7 against 9.3e-7), which any change in the order of
-    # a sum moves; the other keys carry the comparison
-    assert_same_curve(
-        reports[0]["steps"][:2], reference.steps[:2], GREEDY_KEYS, TOLERANCE[strategy], abs_tol=2e-6
-    )
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(
-    strategy: str, tiny_model_path: Path, tmp_path: Path
-) -> None:
-    """A checkpoint taken between the optimizer steps of one rollout holds each rank's share of it:
-    2 ranks resumed from it repeat the uninterrupted 2-rank run's steps exactly (FSDP: the value head,
-    sharded too, comes back whole from the checkpoint)."""
-    base = {
-        **_online_base(tiny_model_path, "ppo"),
-        "num_ppo_epochs": 2,  # 2 optimizer steps per rollout
-        "gradient_accumulation_steps": 1,
-        "save_steps": 1,
-        "keep_checkpoints": 10,
-    }
-    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    config = {**base, "output_dir": str(whole / "out")}
-    run = {"method": "ppo", "rows": rows, "graders": ONLINE_GRADERS, "strategy": strategy}
-    done, reports = launch(whole, ranks=2, config=config, **run)
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    uninterrupted = reports[0]["steps"]
-    assert len(uninterrupted) == 6
-
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    ckpt = whole / "out" / "checkpoint-000003"  # after the first of the second rollout's 2 steps
-    again = {**base, "output_dir": str(resumed_dir / "out"), "resume_from": str(ckpt)}
-    done, reports = launch(resumed_dir, ranks=2, config=again, **run)
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    keys = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
-    assert_same_curve(reports[0]["steps"], uninterrupted[3:], keys)
