@@ -68,12 +68,15 @@ def main(spec_path: str) -> None:
         "steps_done": result.steps,
     }
     Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
-    # every rank done before any tears its process group down: gloo's barrier also waits for the
-    # collectives still in flight. A rank of an FSDP run once aborted at teardown ("terminate called
-    # without an active exception", exit -6) after its run had ended; suspected, not reproduced, cause:
-    # destroying the group while FSDP's last asynchronous collective or the other rank was still busy
+    # every rank done before any leaves: gloo's barrier also waits for the collectives still in flight.
+    # Then the process ends without tearing the group down: a rank of an FSDP run aborted in that
+    # teardown ("terminate called without an active exception", exit -6) after its run had ended and
+    # its results were written, twice in CI under load (2026-11-27). The teardown of a real job's
+    # ranks is worker/job_process's, exercised by tests/e2e/test_multi_gpu_jobs.py.
     dist.barrier()
-    dist.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
