@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(default=20, ge=0)
     # Redis broker: an unacknowledged run message is redelivered after this long. A training job
     # outlives Redis' 1 h default; the DB lease, not the broker, decides who runs a job, so a
-    # redelivered message is harmless (worker/lease.py) — this only bounds how often it happens
+    # redelivered message is harmless (service/jobs/lifecycle.py) — this only bounds how often it happens
     broker_visibility_timeout_seconds: float = Field(default=12 * 3600, gt=0)
     # Redis broker: one command (a publish, an ack) or connection attempt gives up after this long. A
     # hung Redis (up, not answering: SIGSTOP, a stalled host, a partition without a reset) would

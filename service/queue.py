@@ -50,7 +50,7 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_timeout=BROKER_CONNECT_TIMEOUT,
         task_ignore_result=True,
         # Ack after the task ends so a worker that dies mid-job gets the message redelivered; the DB
-        # lease makes the second delivery harmless (worker/lease.py).
+        # lease makes the second delivery harmless (service/jobs/lifecycle.py).
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,

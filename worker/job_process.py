@@ -37,6 +37,7 @@ from sqlalchemy import select
 
 from service.config import get_settings
 from service.db import session_scope
+from service.jobs import lifecycle
 from service.jobs.events import add_event, state_event
 from service.jobs.live import live_publisher
 from service.jobs.resources import job_resources
@@ -49,7 +50,7 @@ from trainers.core.errors import DataError
 from trainers.core.loop import NullCallbacks, StopRequest
 from trainers.data.jsonl_rows import JsonlRows
 from trainers.registry import METHODS, resolve
-from worker import lease, reference_log_probs
+from worker import reference_log_probs
 from worker.checkpoints import restore_latest_checkpoint
 from worker.graders import reward_set
 from worker.launch import die_with_parent, trainer_command
@@ -87,7 +88,7 @@ def read_rows(blobs: BlobStore, file_row: File | None, *, param: str, workdir: P
 def _fail(job_id: str, worker_id: str, *, code: str, message: str, param: str | None, fault: str) -> None:
     with session_scope() as session:
         error = {"code": code, "message": message, "param": param, "fault": fault}
-        if lease.finish(session, job_id=job_id, worker_id=worker_id, status="failed", error=error):
+        if lifecycle.finish(session, job_id=job_id, worker_id=worker_id, status="failed", error=error):
             add_event(
                 session,
                 job_id,
@@ -276,7 +277,7 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
             nonlocal recorded
             recorded = False
             with session_scope() as session:
-                if lease.finish(
+                if lifecycle.finish(
                     session,
                     job_id=job_id,
                     worker_id=worker_id,

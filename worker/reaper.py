@@ -21,12 +21,12 @@ import time
 
 from service.config import get_settings
 from service.db import session_scope
+from service.jobs import lifecycle
 from service.jobs.capacity import advertise, note_unfit_jobs, retire
 from service.jobs.dispatch import reconcile
 from service.models import Job
 from service.models_api.lifecycle import sweep_deleted_models
 from service.storage import get_blob_store
-from worker import lease
 from worker.launch import worker_gpus
 from worker.outage import is_outage
 from worker.recovery import restart_or_fail
@@ -37,7 +37,7 @@ log = logging.getLogger("tunehouse.worker")
 def requeue_stale_jobs() -> list[str]:
     settings = get_settings()
     with session_scope() as session:
-        stale = lease.stale_running_jobs(session, lease_timeout=settings.lease_timeout_seconds)
+        stale = lifecycle.stale_running_jobs(session, lease_timeout=settings.lease_timeout_seconds)
     moved = []
     cause = f"its worker stopped responding (no heartbeat for {settings.lease_timeout_seconds:.0f}s)"
     for job_id in stale:

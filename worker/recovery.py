@@ -1,5 +1,5 @@
 """What happens to a job whose run ended without an outcome: a crash is a bounded restart, a
-shutdown or a pause is a hand-back. Both go back to the queue through service.jobs.dispatch.requeue,
+shutdown or a pause is a hand-back. Both go back to the queue through service.jobs.lifecycle.requeue,
 and resume from the job's latest checkpoint (worker/job_process.py).
 """
 
@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import signal
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
-from service.ids import now
-from service.jobs.dispatch import requeue
+from service.jobs import lifecycle
 from service.jobs.events import add_event, state_event
 from service.models import Job
 
@@ -40,7 +39,9 @@ def restart_or_fail(
     """A run of the job died: queue it again (a charged restart) or, once it has been restarted
     `max_restarts` times, fail it with fault `system`. Returns the new status; None if `expect` no
     longer holds (the job was cancelled or taken over meanwhile: nothing to do)."""
-    status = requeue(session, job_id=job_id, expect=expect & (Job.restarts < max_restarts), restart=True)
+    status = lifecycle.requeue(
+        session, job_id=job_id, expect=expect & (Job.restarts < max_restarts), restart=True
+    )
     if status is not None:
         n = session.scalar(select(Job.restarts).where(Job.id == job_id))
         then = "it resumes from its latest checkpoint" if status == "queued" else "it was being paused"
@@ -54,13 +55,7 @@ def restart_or_fail(
         return status
     message = f"{cause}; gave up after {max_restarts} restart(s)"
     error = {"code": "internal_error", "message": message, "param": None, "fault": "system"}
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, expect)
-        .values(status="failed", finished_at=now(), error=error, pause_requested=False)
-        .execution_options(synchronize_session=False)
-    )
-    if getattr(result, "rowcount", 0) != 1:
+    if not lifecycle.fail(session, job_id=job_id, expect=expect, error=error):
         return None
     add_event(
         session,
@@ -75,7 +70,7 @@ def restart_or_fail(
 def hand_back(session: Session, *, job_id: str, worker_id: str, why: str) -> str | None:
     """Our run stopped on purpose (a pause, the worker shutting down): back to the queue, or to `paused`
     if a pause was requested. Not a restart: nothing is charged."""
-    status = requeue(session, job_id=job_id, expect=held_by(worker_id))
+    status = lifecycle.requeue(session, job_id=job_id, expect=held_by(worker_id))
     if status == "paused":
         add_event(
             session,

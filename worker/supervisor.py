@@ -26,11 +26,11 @@ from sqlalchemy import select
 
 from service.config import get_settings
 from service.db import session_scope
+from service.jobs import lifecycle
 from service.jobs.events import add_event, state_event
 from service.jobs.resources import job_resources
 from service.models import Job
 from service.queue import RUN_JOB_TASK, send_task
-from worker import lease
 from worker.launch import kill_trainer, start_trainer, trainer_command, trainer_exited, worker_queues
 from worker.outage import is_outage
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
@@ -88,7 +88,7 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
             # shutting down (a message raced the stop): pass the token on to another worker
             send_task(RUN_JOB_TASK, [job_id], queue=queue)
             return None
-        taken_over = lease.claim_stale(
+        taken_over = lifecycle.claim_stale(
             session, job_id=job_id, worker_id=worker_id, lease_timeout=settings.lease_timeout_seconds
         )
     ran: str | None = None
@@ -109,7 +109,7 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
 
 def _claim_next(worker_id: str) -> str | None:
     settings = get_settings()
-    return lease.claim_fair(
+    return lifecycle.claim_fair(
         worker_id=worker_id,
         queues=worker_queues(settings),
         max_running_per_tenant=settings.max_running_jobs_per_tenant,
@@ -155,7 +155,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
         if lost_since is None or time.time() - lost_since < LOST_LEASE_GRACE_SECONDS:
             try:
                 with session_scope() as session:
-                    held = lease.heartbeat(session, job_id=job_id, worker_id=worker_id)
+                    held = lifecycle.heartbeat(session, job_id=job_id, worker_id=worker_id)
             except Exception as exc:
                 if not is_outage(exc):
                     raise
@@ -194,7 +194,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
                 )
     try:
         with session_scope() as session:
-            lease.release(session, job_id=job_id, worker_id=worker_id)
+            lifecycle.release(session, job_id=job_id, worker_id=worker_id)
     except Exception as exc:  # the job's streams then end a lease timeout after its last heartbeat
         if not is_outage(exc):
             raise

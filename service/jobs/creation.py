@@ -18,9 +18,10 @@ from service.files.validation import method_formats
 from service.graders.service import check_grader
 from service.ids import new_id
 from service.jobs.capacity import note_if_unfit
-from service.jobs.dispatch import queued_values, send_after_commit
+from service.jobs.dispatch import send_after_commit
 from service.jobs.events import add_event, state_event
 from service.jobs.integrations import duplicate_type, stored_integrations
+from service.jobs.lifecycle import queued_values
 from service.jobs.resources import ONE_GPU, queue_for
 from service.jobs.spec import (
     JobCreate,

@@ -5,12 +5,12 @@ The send can fail (broker down: the API still answers, the job is stored) and a 
 message (Redis restarted without persistence). So every worker runs `reconcile` every few seconds
 (worker/reaper.py; `tunehouse up` runs a worker too): a job still `queued` `dispatch_timeout` after its
 last send is sent again, and one whose send failed is sent at the next pass. Two messages for one job
-are harmless: the DB lease (worker/lease.py) lets exactly one claim win; the other finds the job
+are harmless: the DB lease (service/jobs/lifecycle.py) lets exactly one claim win; the other finds the job
 taken and returns.
 
-Every way back to the queue goes through `requeue`: a stale lease, a dead trainer, a worker handing
-its job back on SIGTERM, a resumed pause. A job whose pause was requested meanwhile goes to `paused`
-instead, so a pause is never lost in a restart.
+Every way back to the queue goes through `service.jobs.lifecycle.requeue` (a stale lease, a dead
+trainer, a worker handing its job back on SIGTERM, a resumed pause); this module writes only when a
+queued job's message was sent (`dispatched_at`), never its status.
 
 service.queue (Celery) is imported where a message is sent, not at the top: every job's trainer
 process imports this module (worker/recovery.py) and sends nothing unless it hands its job back, and
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.db import session_scope
@@ -48,11 +47,6 @@ def _mark_unsent(job_id: str, sent_at: float) -> None:
         )
 
 
-def queued_values(t: float) -> dict[str, Any]:
-    """A job entering `queued` now: no lease holder, its message sent at `t` (`send_after_commit`)."""
-    return {"status": "queued", "worker_id": None, "heartbeat_at": None, "queued_at": t, "dispatched_at": t}
-
-
 def send_after_commit(session: Session, job_id: str, sent_at: float, *, queue: str) -> None:
     """Send the job's run message to its `queue` once `session` commits; on failure mark it unsent for
     the reconciler."""
@@ -61,40 +55,6 @@ def send_after_commit(session: Session, job_id: str, sent_at: float, *, queue: s
     enqueue_after_commit(
         session, RUN_JOB_TASK, [job_id], queue=queue, on_failure=lambda: _mark_unsent(job_id, sent_at)
     )
-
-
-def requeue(
-    session: Session, *, job_id: str, expect: ColumnElement[bool], restart: bool = False
-) -> str | None:
-    """Move the job back to the queue if `expect` (e.g. "running, held by me") still holds.
-
-    Returns the new status: `queued` (its run message goes out after commit), `paused` when a pause was
-    requested meanwhile, or None when `expect` no longer holds (someone else moved the job). `restart`
-    counts a crash restart (bounded by settings.max_restarts; the caller checks the bound in `expect`).
-    The caller writes the event: it knows why.
-    """
-    t = time.time()
-    charged: dict[str, Any] = {"restarts": Job.restarts + 1} if restart else {}
-    paused = session.execute(
-        update(Job)
-        .where(Job.id == job_id, expect, Job.pause_requested.is_(True))
-        .values(status="paused", pause_requested=False, worker_id=None, heartbeat_at=None, **charged)
-        .execution_options(synchronize_session=False)
-    )
-    if getattr(paused, "rowcount", 0) == 1:
-        return "paused"
-    queued = session.execute(
-        update(Job)
-        .where(Job.id == job_id, expect)
-        .values(**queued_values(t), **charged)
-        .execution_options(synchronize_session=False)
-    )
-    if getattr(queued, "rowcount", 0) != 1:
-        return None
-    send_after_commit(
-        session, job_id, t, queue=session.execute(select(Job.queue).where(Job.id == job_id)).scalar_one()
-    )
-    return "queued"
 
 
 def _resend_due(t: float, queued_at: float | None, dispatched_at: float | None, timeout: float) -> bool:

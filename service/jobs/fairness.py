@@ -1,7 +1,7 @@
 """Fair share between tenants: the order in which queued jobs start, and each one's queue position.
 
 A run message is a token meaning "a job is waiting", not "run this job": the worker that takes one
-claims the fairest claimable queued job (worker/lease.py `claim_fair`). The fair order deals the
+claims the fairest claimable queued job (service/jobs/lifecycle.py `claim_fair`). The fair order deals the
 tenants round-robin, so one tenant's 100 queued jobs cannot starve another tenant's single one:
 
 1. the job's turn within its tenant (its tenant's 1st queued job, 2nd, ...: round-robin),

@@ -104,7 +104,7 @@ def _settled(status: str, worker_id: str | None, heartbeat_at: float | None, lea
     """Whether nothing more will be written for a job in `status`. A trainer writes its own final
     status last, but a cancel comes from the API while the trainer may still run: it writes its last
     rows and a "Training stopped" event within a control poll, then its worker releases the job
-    (`worker/lease.py` `release`). A job whose worker died meanwhile counts as settled once its last
+    (`service/jobs/lifecycle.py` `release`). A job whose worker died meanwhile counts as settled once its last
     heartbeat is a lease timeout old."""
     if status not in TERMINAL_STATUSES:
         return False

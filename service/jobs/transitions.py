@@ -17,30 +17,17 @@ whose data names the transition (`kind`), which the dashboard and webhooks read.
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from service.errors import Conflict
 from service.ids import now
-from service.jobs.dispatch import queued_values, send_after_commit
+from service.jobs.dispatch import send_after_commit
 from service.jobs.events import add_event, state_event
+from service.jobs.lifecycle import move, queued_values
 from service.jobs.schemas import TERMINAL_STATUSES
 from service.jobs.service import get_job
 from service.models import Job, Tenant
-
-
-def _move(session: Session, job: Job, *, expect: tuple[str, ...], **values: Any) -> bool:
-    """Compare-and-set the job's row (a worker may move it at the same moment); True if we moved it."""
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job.id, Job.status.in_(expect))
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    return bool(getattr(result, "rowcount", 0) == 1)
-
 
 # A transition's compare-and-set can lose to a worker moving the job at the same moment; each loss
 # means the status moved on (queued -> running -> paused), so a few rounds always settle it.
@@ -67,7 +54,7 @@ def cancel_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
         if job.status in TERMINAL_STATUSES:
             raise _conflict(job, "cancelled", "a queued, running or paused", "job_not_cancellable")
         # A running job's trainer sees the status change at its next control poll and stops within a step.
-        if _move(
+        if move(
             session, job, expect=(job.status,), status="cancelled", finished_at=now(), pause_requested=False
         ):
             data = state_event("cancelled", requested="cancel")
@@ -84,13 +71,13 @@ def pause_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
     job = get_job(session, tenant=tenant, job_id=job_id)
     for _ in range(_ROUNDS):
         if job.status == "queued":
-            if _move(session, job, expect=("queued",), status="paused", pause_requested=False):
+            if move(session, job, expect=("queued",), status="paused", pause_requested=False):
                 add_event(session, job.id, "Job paused before it started", data=state_event("paused"))
                 break
         elif job.status == "running":
             if job.pause_requested:
                 break  # asked already: pausing is idempotent
-            if _move(session, job, expect=("running",), pause_requested=True):
+            if move(session, job, expect=("running",), pause_requested=True):
                 add_event(
                     session,
                     job.id,
@@ -112,7 +99,7 @@ def resume_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
     for _ in range(_ROUNDS):
         if job.status == "paused":
             t = time.time()
-            if _move(session, job, expect=("paused",), **queued_values(t)):
+            if move(session, job, expect=("paused",), **queued_values(t)):
                 add_event(
                     session,
                     job.id,
@@ -122,7 +109,7 @@ def resume_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
                 send_after_commit(session, job.id, t, queue=job.queue)
                 break
         elif job.status in ("queued", "running") and job.pause_requested:
-            if _move(session, job, expect=(job.status,), pause_requested=False):
+            if move(session, job, expect=(job.status,), pause_requested=False):
                 add_event(
                     session,
                     job.id,

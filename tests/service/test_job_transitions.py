@@ -299,6 +299,6 @@ def test_a_request_gives_up_after_a_bounded_number_of_lost_races(
         calls.append(1)
         return False
 
-    monkeypatch.setattr(transitions, "_move", always_loses)
+    monkeypatch.setattr(transitions, "move", always_loses)  # lifecycle.move, as transitions calls it
     job = _act(transitions.cancel_job, tenant, job_id)
     assert (job.status, len(calls), _events(job_id)) == ("queued", transitions._ROUNDS, [])

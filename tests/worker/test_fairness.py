@@ -16,10 +16,9 @@ from sqlalchemy.orm import sessionmaker
 
 from service.db import session_scope
 from service.ids import new_id
-from service.jobs import fairness
+from service.jobs import fairness, lifecycle
 from service.jobs.fairness import fair_order, queue_positions
 from service.models import Job, Tenant
-from worker import lease
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +129,7 @@ def test_positions_of_one_job_and_of_a_whole_page_both_follow_the_fair_order() -
 
 
 def _claim(limit: int, worker: str = "w") -> str | None:
-    return lease.claim_fair(worker_id=worker, queues=["tunehouse"], max_running_per_tenant=limit)
+    return lifecycle.claim_fair(worker_id=worker, queues=["tunehouse"], max_running_per_tenant=limit)
 
 
 def test_claim_takes_the_fairest_job_and_skips_a_tenant_at_its_limit() -> None:

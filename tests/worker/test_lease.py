@@ -15,11 +15,12 @@ from sqlalchemy import update
 
 from service.db import session_scope
 from service.ids import new_id
+from service.jobs import lifecycle
 from service.models import Job, Tenant
 from service.queue import RUN_JOB_TASK
 from tests.conftest import IDLE_QUEUE
 from tests.helpers import job_row
-from worker import lease, reaper
+from worker import reaper
 from worker.supervisor import supervise_job
 
 pytestmark = pytest.mark.usefixtures("use_module_database")
@@ -37,7 +38,7 @@ def _job(status: str = "queued", **values: Any) -> str:
 
 def _claim(job_id: str, worker: str, timeout: float = 10) -> bool:
     with session_scope() as session:
-        return lease.claim(session, job_id=job_id, worker_id=worker, lease_timeout=timeout)
+        return lifecycle.claim(session, job_id=job_id, worker_id=worker, lease_timeout=timeout)
 
 
 def test_only_one_worker_claims_a_job() -> None:
@@ -55,9 +56,9 @@ def test_stale_lease_is_taken_over_and_old_holder_loses_it() -> None:
     job_id = _job(status="running", worker_id="dead", heartbeat_at=time.time() - 60, attempts=1, started_at=5)
     assert _claim(job_id, "b", timeout=10)
     with session_scope() as session:
-        assert not lease.heartbeat(session, job_id=job_id, worker_id="dead")
-        assert not lease.finish(session, job_id=job_id, worker_id="dead", status="succeeded")
-        assert lease.heartbeat(session, job_id=job_id, worker_id="b")
+        assert not lifecycle.heartbeat(session, job_id=job_id, worker_id="dead")
+        assert not lifecycle.finish(session, job_id=job_id, worker_id="dead", status="succeeded")
+        assert lifecycle.heartbeat(session, job_id=job_id, worker_id="b")
         job = session.get(Job, job_id)
         assert job is not None and job.attempts == 2
         assert job.started_at == 5  # a takeover resumes the job: it started when the first worker began
@@ -76,11 +77,11 @@ def test_heartbeat_and_finish_touch_only_the_job_named() -> None:
         assert job is not None and job.started_at is None  # claims start only the job they claim
         session.execute(update(Job).where(Job.id == other).values(heartbeat_at=1.0))
     with session_scope() as session:
-        assert lease.heartbeat(session, job_id=done, worker_id="a")
+        assert lifecycle.heartbeat(session, job_id=done, worker_id="a")
     with session_scope() as session:
         job = session.get(Job, other)
         assert job is not None and job.heartbeat_at == 1.0  # not refreshed by the other job's heartbeat
-        assert lease.finish(session, job_id=done, worker_id="a", status="succeeded")
+        assert lifecycle.finish(session, job_id=done, worker_id="a", status="succeeded")
     with session_scope() as session:
         finished, running = session.get(Job, done), session.get(Job, other)
         assert finished is not None and running is not None
@@ -96,8 +97,8 @@ def test_cancel_wins_over_the_worker() -> None:
         assert job is not None
         job.status = "cancelled"
     with session_scope() as session:
-        assert not lease.heartbeat(session, job_id=job_id, worker_id="a")
-        assert not lease.finish(session, job_id=job_id, worker_id="a", status="succeeded")
+        assert not lifecycle.heartbeat(session, job_id=job_id, worker_id="a")
+        assert not lifecycle.finish(session, job_id=job_id, worker_id="a", status="succeeded")
         job = session.get(Job, job_id)
         assert job is not None and job.status == "cancelled"
 
@@ -109,9 +110,9 @@ def test_release_clears_only_our_ended_job() -> None:
     with session_scope() as session:
         session.execute(update(Job).where(Job.id.in_((ended, theirs))).values(status="cancelled"))
     with session_scope() as session:
-        assert not lease.release(session, job_id=running, worker_id="a")  # still running: kept
-        assert not lease.release(session, job_id=theirs, worker_id="a")  # another worker's
-        assert lease.release(session, job_id=ended, worker_id="a")
+        assert not lifecycle.release(session, job_id=running, worker_id="a")  # still running: kept
+        assert not lifecycle.release(session, job_id=theirs, worker_id="a")  # another worker's
+        assert lifecycle.release(session, job_id=ended, worker_id="a")
     with session_scope() as session:
         holders = {j: session.get(Job, j).worker_id for j in (ended, running, theirs)}  # type: ignore[union-attr]
     assert holders == {ended: None, running: "a", theirs: "b"}
@@ -165,5 +166,5 @@ def test_stale_running_jobs_lists_only_running_jobs_with_a_stale_heartbeat() -> 
     fresh = _job(status="running", worker_id="alive", heartbeat_at=time.time())
     queued, done = _job(), _job(status="succeeded")  # no heartbeat, but not running
     with session_scope() as session:
-        ids = set(lease.stale_running_jobs(session, lease_timeout=10))
+        ids = set(lifecycle.stale_running_jobs(session, lease_timeout=10))
     assert stale in ids and not {fresh, queued, done} & ids

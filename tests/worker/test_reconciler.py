@@ -19,7 +19,8 @@ import service.queue
 from service.config import Settings
 from service.db import make_engine, session_scope
 from service.jobs import dispatch
-from service.jobs.dispatch import queued_values, reconcile, send_after_commit
+from service.jobs.dispatch import reconcile, send_after_commit
+from service.jobs.lifecycle import queued_values
 from service.migrate import upgrade_head
 from service.models import Job, JobEvent, Tenant
 from tests.conftest import free_port, redis_db

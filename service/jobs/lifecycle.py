@@ -1,11 +1,23 @@
-"""The DB lease: the job row, not the broker, decides which worker runs a job.
+"""A job's lifecycle: every change of a job's status is one compare-and-set function here.
 
-A worker claims a job with one conditional UPDATE (queued, or running with a stale heartbeat), keeps
-the lease alive with heartbeats, and finishes it only while it still holds it. A redelivered Celery
-message therefore never starts a second live copy: the claim fails while the first copy heartbeats.
+Each is a conditional UPDATE of the job's row that names the status (and holder) it expects, so two
+writers that race (a worker claiming, a client cancelling, a reconciler requeueing) never both win: the
+loser sees its expectation gone and decides again from what it finds. The callers write the events
+(they know why); the worker calls these, it writes no status of its own.
 
-Which queued job a worker claims is the fair-share decision (`claim_fair`, service/jobs/fairness.py):
-a run message only says that some job waits.
+    claim / claim_stale / claim_fair   queued (or running under a stale lease) -> running, held by a worker
+    heartbeat                          keeps a held running job's lease alive
+    finish                             running (held) -> succeeded | failed | cancelled
+    release                            clears the holder of a job that has ended
+    requeue                            back to queued (or to paused when a pause was requested)
+    fail                               -> failed (a run that died once too often)
+    move                               a client's cancel, pause or resume (service/jobs/transitions.py)
+
+The DB lease is what makes a job single: the job row, not the broker, decides which worker runs it. A
+worker claims a job with one conditional UPDATE, keeps the lease alive with heartbeats and finishes it
+only while it still holds it, so a redelivered Celery message never starts a second live copy. Which
+queued job a worker claims is the fair-share decision (`claim_fair`, service/jobs/fairness.py): a run
+message only says that some job waits.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from service.db import session_scope
 from service.ids import now
+from service.jobs.dispatch import send_after_commit
 from service.jobs.fairness import fair_order
 from service.jobs.schemas import TERMINAL_STATUSES
 from service.models import Job, Tenant
@@ -125,3 +138,65 @@ def claim_fair(*, worker_id: str, queues: Sequence[str], max_running_per_tenant:
             if _take(session, job_id=waiting.job_id, worker_id=worker_id, runnable=Job.status == "queued"):
                 return waiting.job_id
     return None
+
+
+def queued_values(t: float) -> dict[str, Any]:
+    """A job entering `queued` now: no lease holder, its message sent at `t` (`send_after_commit`)."""
+    return {"status": "queued", "worker_id": None, "heartbeat_at": None, "queued_at": t, "dispatched_at": t}
+
+
+def requeue(
+    session: Session, *, job_id: str, expect: ColumnElement[bool], restart: bool = False
+) -> str | None:
+    """Move the job back to the queue if `expect` (e.g. "running, held by me") still holds.
+
+    Returns the new status: `queued` (its run message goes out after commit), `paused` when a pause was
+    requested meanwhile, or None when `expect` no longer holds (someone else moved the job). `restart`
+    counts a crash restart (bounded by settings.max_restarts; the caller checks the bound in `expect`).
+    The caller writes the event: it knows why.
+    """
+    t = time.time()
+    charged: dict[str, Any] = {"restarts": Job.restarts + 1} if restart else {}
+    paused = session.execute(
+        update(Job)
+        .where(Job.id == job_id, expect, Job.pause_requested.is_(True))
+        .values(status="paused", pause_requested=False, worker_id=None, heartbeat_at=None, **charged)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(paused, "rowcount", 0) == 1:
+        return "paused"
+    queued = session.execute(
+        update(Job)
+        .where(Job.id == job_id, expect)
+        .values(**queued_values(t), **charged)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(queued, "rowcount", 0) != 1:
+        return None
+    send_after_commit(
+        session, job_id, t, queue=session.execute(select(Job.queue).where(Job.id == job_id)).scalar_one()
+    )
+    return "queued"
+
+
+def move(session: Session, job: Job, *, expect: tuple[str, ...], **values: Any) -> bool:
+    """Compare-and-set the job's row (a worker may move it at the same moment); True if we moved it."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_(expect))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def fail(session: Session, *, job_id: str, expect: ColumnElement[bool], error: dict[str, Any]) -> bool:
+    """Fail the job with `error` if `expect` still holds (a run that died once too often); False if
+    someone else moved it first. The caller writes the event."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, expect)
+        .values(status="failed", finished_at=now(), error=error, pause_requested=False)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0) == 1)
