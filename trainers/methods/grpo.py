@@ -26,30 +26,19 @@ prompts on the shared loop (``trainers.core.loop``), reused for ``num_iterations
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from trainers.core import distributed as dist
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import RolloutConfig, knob
-from trainers.core.loop import LossSums, PreparedStep
+from trainers.core.loop import LossSums
 from trainers.families.entry import Rows
-from trainers.families.rl import step_completions, train_on_rollouts
-from trainers.families.rollout import (
-    GRPOBatch,
-    ReusedRollout,
-    RLPrompt,
-    completion_logps,
-    generate_rollout,
-    micro_batch_spans,
-    reference_logps,
-    rollout_seed,
-)
-from trainers.losses.advantages import group_advantages, group_reward_metrics
+from trainers.families.group_rollout import GroupRollouts
+from trainers.families.rl import train_on_rollouts
+from trainers.families.rollout import GRPOBatch, completion_logps
 from trainers.losses.rl import grpo_loss_terms
 from trainers.rewards.reward_set import RewardSet
 
@@ -119,78 +108,15 @@ def grpo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: GRPOCon
     return LossSums(loss=terms.loss_sum, metrics=metrics)
 
 
-# -- rollouts -------------------------------------------------------------------------------------------
-class GRPORollouts(ReusedRollout[GRPOBatch]):
-    """The loop's ``StepPreparer`` for GRPO: sample, score, compute advantages, split into micro-batches."""
-
-    def __init__(
-        self,
-        config: GRPOConfig,
-        tokenizer: PreTrainedTokenizerBase,
-        rewards: RewardSet,
-        reference: torch.nn.Module | None,
-    ) -> None:
-        super().__init__(GRPOBatch, config.num_iterations)
-        self.config, self.tokenizer, self.rewards, self.reference = config, tokenizer, rewards, reference
-
-    def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[GRPOBatch]:
-        c = self.config
-        seed = rollout_seed()
-        rollout = generate_rollout(
-            model,
-            self.tokenizer,
-            [p for group in examples for p in group],
-            num_generations=c.num_generations,
-            max_completion_length=c.max_completion_length,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            seed=seed,
-        )
-        scores = self.rewards.score(rollout.prompts, rollout.completions, rollout.columns)
-        step = step_completions(scores, rollout)  # every rank's: a batch-wide std is the step's
-        advantages = group_advantages(step.scores.total, c.num_generations, c.scale_rewards)[step.mine]
-        device = rollout.completion_ids.device
-        loss_mask = rollout.loss_mask(c.mask_truncated_completions)
-        spans = micro_batch_spans([len(group) * c.num_generations for group in examples])
-        units = [self._units(loss_mask[rows]) for rows in spans]
-        step_units, step_tokens = dist.sum_floats([sum(units), float(loss_mask.sum())], device)
-        metric_scale = max(1.0, step_units) / max(1.0, step_tokens)
-        batches = []
-        for rows, n_units in zip(spans, units, strict=True):
-            part = rollout.select(rows)
-            old = None
-            if c.num_iterations > 1:
-                with torch.no_grad():
-                    old = completion_logps(model, *part.inputs, temperature=c.temperature)[0]
-            ref = None
-            if c.beta != 0.0:
-                ref = reference_logps(model, self.reference, *part.inputs, temperature=c.temperature)
-            batches.append(
-                GRPOBatch(
-                    prompt_ids=part.prompt_ids,
-                    prompt_mask=part.prompt_mask,
-                    completion_ids=part.completion_ids,
-                    completion_mask=loss_mask[rows, : part.width],
-                    advantages=advantages[rows].to(device),
-                    old_logps=old,
-                    ref_logps=ref,
-                    loss_units=n_units,
-                    metric_scale=metric_scale,
-                )
-            )
-        metrics = {
-            **group_reward_metrics(step.scores.total, c.num_generations),
-            **step.completion_metrics(),
-            **step.scores.metrics(),
-        }
-        return PreparedStep(batches, metrics)
-
-    def _units(self, mask: torch.Tensor) -> int:
-        if self.config.loss_type == "grpo":
-            return int(mask.size(0))
-        if self.config.loss_type == "dr_grpo":
-            return int(mask.size(0)) * self.config.max_completion_length
-        return int(mask.sum())
+def grpo_rollouts(
+    config: GRPOConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    rewards: RewardSet,
+    reference: torch.nn.Module | None,
+) -> GroupRollouts:
+    """GRPO's step preparer: the group-rollout family with the ``grpo`` advantage estimator and the
+    normalisation ``config.loss_type`` names."""
+    return GroupRollouts(config, tokenizer, rewards, reference, advantage="grpo", loss_units=config.loss_type)
 
 
 # -- entry point ----------------------------------------------------------------------------------------
@@ -204,5 +130,5 @@ def train_grpo(
 ) -> TrainResult:
     """Train ``config.model_path`` with GRPO on the prompts of ``train_rows``, rewarded by ``rewards``."""
     return train_on_rollouts(
-        config, train_rows, valid_rows, callbacks, rewards, GRPORollouts, grpo_batch_loss
+        config, train_rows, valid_rows, callbacks, rewards, grpo_rollouts, grpo_batch_loss
     )

@@ -24,30 +24,19 @@ is plain REINFORCE with the leave-one-out baseline). Each optimizer step of the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from trainers.core import distributed as dist
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import RolloutConfig, knob
-from trainers.core.loop import LossSums, PreparedStep
+from trainers.core.loop import LossSums
 from trainers.families.entry import Rows
-from trainers.families.rl import step_completions, train_on_rollouts
-from trainers.families.rollout import (
-    GRPOBatch,
-    ReusedRollout,
-    RLPrompt,
-    completion_logps,
-    generate_rollout,
-    micro_batch_spans,
-    reference_logps,
-    rollout_seed,
-)
-from trainers.losses.advantages import group_reward_metrics, rloo_advantages, sequence_kl
+from trainers.families.group_rollout import GroupRollouts
+from trainers.families.rl import train_on_rollouts
+from trainers.families.rollout import GRPOBatch, completion_logps
 from trainers.losses.rl import rloo_loss_terms
 from trainers.rewards.reward_set import RewardSet
 
@@ -111,79 +100,15 @@ def rloo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: RLOOCon
     return LossSums(loss=terms.loss_sum, metrics=metrics)
 
 
-class RLOORollouts(ReusedRollout[GRPOBatch]):
-    """The loop's ``StepPreparer`` for RLOO: sample k completions per prompt, score them, subtract the
-    KL penalty, take leave-one-out advantages, split into micro-batches (``GRPOBatch``: the same tensors)."""
-
-    def __init__(
-        self,
-        config: RLOOConfig,
-        tokenizer: PreTrainedTokenizerBase,
-        rewards: RewardSet,
-        reference: torch.nn.Module | None,
-    ) -> None:
-        super().__init__(GRPOBatch, config.num_iterations)
-        self.config, self.tokenizer, self.rewards, self.reference = config, tokenizer, rewards, reference
-
-    def rollout(self, model: torch.nn.Module, examples: list[Sequence[RLPrompt]]) -> PreparedStep[GRPOBatch]:
-        c, k = self.config, self.config.num_generations
-        seed = rollout_seed()
-        rollout = generate_rollout(
-            model,
-            self.tokenizer,
-            [p for group in examples for p in group],
-            num_generations=k,
-            max_completion_length=c.max_completion_length,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            seed=seed,
-        )
-        scores = self.rewards.score(rollout.prompts, rollout.completions, rollout.columns)
-        loss_mask = rollout.loss_mask(c.mask_truncated_completions)
-        spans = micro_batch_spans([len(group) * k for group in examples])
-        parts, olds, kls = [], [], []
-        for rows in spans:
-            part = rollout.select(rows)
-            old = None
-            if c.num_iterations > 1 or c.beta != 0.0:
-                with torch.no_grad():
-                    old = completion_logps(model, *part.inputs, temperature=c.temperature)[0]
-            if c.beta != 0.0:
-                assert old is not None
-                ref = reference_logps(model, self.reference, *part.inputs, temperature=c.temperature)
-                kls.append(sequence_kl(old, ref, loss_mask[rows, : part.width]).cpu())
-            parts.append(part)
-            olds.append(old if c.num_iterations > 1 else None)
-        # every rank's completions: the normalisation and the metrics are the step's
-        step = step_completions(scores, rollout, *([torch.cat(kls)] if kls else []))
-        kl = step.extra[0] if kls else None
-        advantages = rloo_advantages(
-            step.scores.total, k, kl=kl, beta=c.beta, normalize=c.normalize_advantages
-        )[step.mine]
-        device = rollout.completion_ids.device
-        step_tokens = max(1.0, dist.sum_floats([float(loss_mask.sum())], device)[0])
-        batches = [
-            GRPOBatch(
-                prompt_ids=part.prompt_ids,
-                prompt_mask=part.prompt_mask,
-                completion_ids=part.completion_ids,
-                completion_mask=loss_mask[rows, : part.width],
-                advantages=advantages[rows].to(device),
-                old_logps=old,
-                ref_logps=None,
-                loss_units=rows.stop - rows.start,
-                metric_scale=len(step.lengths) / step_tokens,
-            )
-            for rows, part, old in zip(spans, parts, olds, strict=True)
-        ]
-        metrics = {
-            **group_reward_metrics(step.scores.total, k),
-            **step.completion_metrics(),
-            **step.scores.metrics(),
-        }
-        if kl is not None:
-            metrics["kl"] = float(kl.sum()) / step_tokens
-        return PreparedStep(batches, metrics)
+def rloo_rollouts(
+    config: RLOOConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    rewards: RewardSet,
+    reference: torch.nn.Module | None,
+) -> GroupRollouts:
+    """RLOO's step preparer: the group-rollout family with the ``rloo`` advantage estimator (the KL in the
+    reward) and one loss unit per completion (the ``grpo`` normalisation: the loss is of whole sequences)."""
+    return GroupRollouts(config, tokenizer, rewards, reference, advantage="rloo", loss_units="grpo")
 
 
 # -- entry point ----------------------------------------------------------------------------------------
@@ -197,5 +122,5 @@ def train_rloo(
 ) -> TrainResult:
     """Train ``config.model_path`` with RLOO on the prompts of ``train_rows``, rewarded by ``rewards``."""
     return train_on_rollouts(
-        config, train_rows, valid_rows, callbacks, rewards, RLOORollouts, rloo_batch_loss
+        config, train_rows, valid_rows, callbacks, rewards, rloo_rollouts, rloo_batch_loss
     )

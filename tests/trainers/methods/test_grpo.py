@@ -19,6 +19,7 @@ from tests.trainers.losses.test_advantages import trl_group_advantages
 from tests.trainers.losses.test_rl_losses import trl_grpo_loss
 from trainers.core.errors import DataError
 from trainers.core.loop import PreparedStep, StopRequest
+from trainers.families.group_rollout import GroupRollouts
 from trainers.families.rollout import (
     GRPOBatch,
     RLPrompt,
@@ -27,7 +28,7 @@ from trainers.families.rollout import (
     generate_rollout,
     tokenize_rl_rows,
 )
-from trainers.methods.grpo import GRPOConfig, GRPORollouts, train_grpo
+from trainers.methods.grpo import GRPOConfig, train_grpo
 from trainers.rewards.graders import build_grader
 from trainers.rewards.reward_set import RewardSet
 
@@ -73,7 +74,7 @@ def grpo_config(tiny_model_path: Path, tmp_path: Path) -> Callable[..., GRPOConf
 
 
 # -- the loss of the batch the loop really builds, against TRL ----------------------------------------------
-class StepSpy(GRPORollouts):
+class StepSpy(GroupRollouts):
     """The real preparer, keeping each step's batches and a copy of the model they were trained on."""
 
     steps: ClassVar[list[tuple[PreparedStep[GRPOBatch], torch.nn.Module]]] = []
@@ -130,7 +131,7 @@ def test_training_steps_equal_trl_on_the_loops_batches(
         return given
 
     monkeypatch.setattr(StepSpy, "steps", [])
-    monkeypatch.setattr(trainers.methods.grpo, "GRPORollouts", StepSpy)
+    monkeypatch.setattr(trainers.methods.grpo, "GroupRollouts", StepSpy)
     steps = extra.get("num_iterations", 1)
     config = grpo_config(
         model_path=str(eos_model_path),
