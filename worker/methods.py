@@ -1,7 +1,8 @@
-"""From a job's method to a trainer run, through the method registry (trainers/registry.py): the entry
-names the config class and the train function by import path, every train function has the same
-signature (trainers/families/entry.py), and the spec's hyperparameter names are the config's field names, so
-one mapping serves every method. All of them run on the same loop (trainers/core/loop.py)."""
+"""From a job's method to a trainer run: the one owner of spec -> trainer config. Through the method
+registry (trainers/registry.py): the entry names the config class and the train function by import path,
+every train function has the same signature (trainers/families/entry.py), and the spec's hyperparameter
+names are the config's field names, so one mapping serves every method. All of them run on the same loop
+(trainers/core/loop.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.jobs.spec import MethodBase, trainer_fields
+from service.jobs.spec import MethodBase, resolved_values
 from trainers.core.loop import TrainingCallbacks, TrainResult
 from trainers.families.entry import Rows
 from trainers.registry import resolve
@@ -39,7 +40,26 @@ class RunInputs:
     reference_cache_file: Path | None = None
 
 
+def learning_rate(method: MethodBase) -> float:
+    """The job's learning rate: as given, else the method's base rate (LoRA or full) x the multiplier."""
+    values = resolved_values(method)
+    if values["learning_rate"] is not None:
+        return float(values["learning_rate"])
+    lora_lr, full_lr = method.declaration.learning_rates
+    return (lora_lr if values["lora"] else full_lr) * float(values["learning_rate_multiplier"])
+
+
+def trainer_fields(method: MethodBase) -> dict[str, Any]:
+    """Resolved hyperparameters under the trainers' config field names."""
+    values = resolved_values(method)
+    fields = {p.field: values[p.name] for p in method.declaration.hyperparameters if p.in_trainer}
+    fields["learning_rate"] = learning_rate(method)
+    return fields
+
+
 def build_config(method: MethodBase, inputs: RunInputs) -> Any:
+    """The one translation of a job's spec into its trainer's config: the hyperparameters by field name,
+    the learning rate resolved, plus the run's own fields (paths, seed, checkpoint policy)."""
     config_cls = resolve(method.declaration.config)
     fields = trainer_fields(method)
     if fields.get("save_minutes") is None:

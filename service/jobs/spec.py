@@ -7,7 +7,8 @@ accept OpenAI's names (`n_epochs`, `batch_size`, `learning_rate_multiplier`, `be
 Nothing about a method is declared here: the pydantic models are built from `trainers.registry` (names,
 types, defaults, ranges, whether a grader is required), the torch-free table the trainers' configs check
 against too, so the API and the trainers cannot disagree on a range. Field names are the trainers'
-config field names (`lora` -> `use_lora` is declared there), so the worker maps them by name.
+config field names (`lora` -> `use_lora` is declared there), so the worker maps them by name
+(`worker/methods.py` owns that translation: spec -> trainer config).
 """
 
 from __future__ import annotations
@@ -162,34 +163,19 @@ def resolve_hyperparameters(method: MethodBase, *, n_examples: int) -> None:
 
 def hyperparameter_problem(method: MethodBase) -> tuple[str, str] | None:
     """(param, message) of the first cross-field constraint the resolved hyperparameters break."""
-    problem = method.declaration.check(_values(method))
+    problem = method.declaration.check(resolved_values(method))
     if problem is None:
         return None
     name, message = problem
     return f"method.{method.type}.hyperparameters.{name}", message
 
 
-def _values(method: MethodBase) -> dict[str, Any]:
+def resolved_values(method: MethodBase) -> dict[str, Any]:
+    """The hyperparameters by their API names, once "auto" is resolved (``resolve_hyperparameters``)."""
     values = method.hyperparameters.model_dump()
     if any(p.auto and values[p.name] == AUTO for p in method.declaration.hyperparameters):
         raise ValueError("hyperparameters must be resolved first")
     return values
-
-
-def learning_rate(method: MethodBase) -> float:
-    values = _values(method)
-    if values["learning_rate"] is not None:
-        return float(values["learning_rate"])
-    lora_lr, full_lr = method.declaration.learning_rates
-    return (lora_lr if values["lora"] else full_lr) * float(values["learning_rate_multiplier"])
-
-
-def trainer_fields(method: MethodBase) -> dict[str, Any]:
-    """Resolved hyperparameters under the trainers' config field names."""
-    values = _values(method)
-    fields = {p.field: values[p.name] for p in method.declaration.hyperparameters if p.in_trainer}
-    fields["learning_rate"] = learning_rate(method)
-    return fields
 
 
 def stored_method(method: MethodBase) -> dict[str, Any]:

@@ -20,11 +20,10 @@ from service.jobs.spec import (
     Method,
     MethodBase,
     hyperparameter_problem,
-    learning_rate,
     load_method,
     resolve_hyperparameters,
+    resolved_values,
     stored_method,
-    trainer_fields,
 )
 from trainers.registry import AUTO, METHODS
 
@@ -189,7 +188,7 @@ def test_auto_without_a_data_rule_takes_the_registrys_value() -> None:
 
 def test_nothing_is_read_before_auto_is_resolved() -> None:
     m = method("supervised")
-    for read in (learning_rate, trainer_fields, hyperparameter_problem):
+    for read in (resolved_values, hyperparameter_problem):
         with pytest.raises(ValueError, match=r"^hyperparameters must be resolved first$"):
             read(m)
 
@@ -199,25 +198,6 @@ def _resolved(method_type: str, **hyperparameters: Any) -> MethodBase:
     m = method(method_type, **hyperparameters)
     resolve_hyperparameters(m, n_examples=64)
     return m
-
-
-@pytest.mark.parametrize("method_type", METHODS)
-def test_learning_rate_is_the_base_rate_times_the_multiplier(method_type: str) -> None:
-    lora_lr, full_lr = METHODS[method_type].learning_rates
-    assert learning_rate(_resolved(method_type)) == pytest.approx(lora_lr)
-    assert learning_rate(_resolved(method_type, lora=False)) == pytest.approx(full_lr)
-    assert learning_rate(_resolved(method_type, learning_rate_multiplier=3.0)) == pytest.approx(3 * lora_lr)
-    assert learning_rate(_resolved(method_type, learning_rate=0.25, lora=False)) == 0.25  # given: as is
-
-
-def test_trainer_fields_use_the_trainers_names() -> None:
-    fields = trainer_fields(_resolved("supervised", lora=False, n_epochs=2))
-    assert fields["use_lora"] is False and "lora" not in fields
-    assert fields["n_epochs"] == 2 and fields["batch_size"] == 8
-    assert "learning_rate_multiplier" not in fields  # API-only: it becomes the learning rate
-    assert fields["learning_rate"] == pytest.approx(METHODS["supervised"].learning_rates[1])
-    in_trainer = {p.field for p in METHODS["supervised"].hyperparameters if p.in_trainer}
-    assert set(fields) == in_trainer | {"learning_rate"}
 
 
 def test_a_cross_field_problem_names_its_parameter() -> None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from service.jobs.spec import Method, MethodBase, learning_rate, resolve_hyperparameters
+from service.jobs.spec import Method, MethodBase, resolve_hyperparameters
 from trainers.registry import METHODS
-from worker.methods import RunInputs, build_config
+from worker.methods import RunInputs, build_config, learning_rate, trainer_fields
 
 GRADER = {"type": "string_check", "operation": "eq", "input": "{{sample.output_text}}", "reference": "a"}
 INPUTS = RunInputs(
@@ -63,3 +63,29 @@ def test_checkpoint_policy_defaults_to_the_deployment_and_a_job_overrides_it() -
     config = build_config(resolved("supervised"), inputs)  # the job leaves save_minutes null
     assert (config.save_minutes, config.keep_checkpoints) == (2.5, 5)
     assert build_config(resolved("supervised", save_minutes=0), inputs).save_minutes == 0
+
+
+@pytest.mark.parametrize("method_type", METHODS)
+def test_learning_rate_is_the_base_rate_times_the_multiplier(method_type: str) -> None:
+    lora_lr, full_lr = METHODS[method_type].learning_rates
+    assert learning_rate(resolved(method_type)) == pytest.approx(lora_lr)
+    assert learning_rate(resolved(method_type, lora=False)) == pytest.approx(full_lr)
+    assert learning_rate(resolved(method_type, learning_rate_multiplier=3.0)) == pytest.approx(3 * lora_lr)
+    assert learning_rate(resolved(method_type, learning_rate=0.25, lora=False)) == 0.25  # given: as is
+
+
+def test_trainer_fields_use_the_trainers_names() -> None:
+    fields = trainer_fields(resolved("supervised", lora=False, n_epochs=2))
+    assert fields["use_lora"] is False and "lora" not in fields
+    assert fields["n_epochs"] == 2 and fields["batch_size"] == 8
+    assert "learning_rate_multiplier" not in fields  # API-only: it becomes the learning rate
+    assert fields["learning_rate"] == pytest.approx(METHODS["supervised"].learning_rates[1])
+    in_trainer = {p.field for p in METHODS["supervised"].hyperparameters if p.in_trainer}
+    assert set(fields) == in_trainer | {"learning_rate"}
+
+
+def test_nothing_reaches_a_trainer_before_auto_is_resolved() -> None:
+    method = Method.model_validate({"type": "supervised"})
+    for read in (learning_rate, trainer_fields):
+        with pytest.raises(ValueError, match=r"^hyperparameters must be resolved first$"):
+            read(method)
