@@ -18,15 +18,15 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header
 from fastapi.responses import PlainTextResponse, Response
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 
 from service.db import get_engine, get_sessionmaker
 from service.db_slots import db_slot
 from service.dependencies import SettingsDep
 from service.errors import RETRY_AFTER_SECONDS, NotFound, Unauthorized
+from service.jobs import repository
 from service.jobs.schemas import JOB_STATUSES
-from service.models import Job
 
 router = APIRouter(include_in_schema=False)
 
@@ -68,8 +68,7 @@ def _check_operator(token: str, authorization: str | None) -> None:
 
 def _job_counts() -> dict[str, int]:
     with get_sessionmaker()() as session:
-        rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
-        return {status: count for status, count in rows}
+        return repository.count_by_status(session)
 
 
 @router.get("/metrics")

@@ -37,7 +37,7 @@ from sqlalchemy import select
 
 from service.config import get_settings
 from service.db import session_scope
-from service.jobs import lifecycle
+from service.jobs import lifecycle, repository
 from service.jobs.events import add_event, state_event
 from service.jobs.live import live_publisher
 from service.jobs.resources import job_resources
@@ -170,7 +170,7 @@ def run(job_id: str, worker_id: str) -> None:
     settings = get_settings()
     shutdown = _stop_on_sigterm(settings.shutdown_grace_seconds)
     with session_scope() as session:
-        job = session.get(Job, job_id)
+        job = repository.job(session, job_id)
         assert job is not None
         session.expunge_all()
     method = load_method(job.method)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import signal
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from service.jobs import lifecycle
+from service.jobs import lifecycle, repository
 from service.jobs.events import add_event, state_event
 from service.models import Job
 
@@ -43,7 +43,7 @@ def restart_or_fail(
         session, job_id=job_id, expect=expect & (Job.restarts < max_restarts), restart=True
     )
     if status is not None:
-        n = session.scalar(select(Job.restarts).where(Job.id == job_id))
+        n = repository.restarts_of(session, job_id)
         then = "it resumes from its latest checkpoint" if status == "queued" else "it was being paused"
         add_event(
             session,

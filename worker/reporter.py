@@ -29,14 +29,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from service.config import Settings
 from service.db import session_scope
 from service.ids import new_id
+from service.jobs import repository
 from service.jobs.events import add_event, add_event_once
 from service.jobs.live import LIVE_BATCH_SECONDS, PUBLISH_RETRY_SECONDS, channel, rows_message
-from service.models import Checkpoint, Job, JobMetric
+from service.models import Checkpoint, JobMetric
 from service.storage import BlobStore, BlobStoreUnavailable
 from service.webhooks.events import CHECKPOINT_KIND
 from trainers.core.loop import CheckpointInfo, StopRequest
@@ -147,7 +148,7 @@ class JobReporter:
 
         def write() -> None:
             with session_scope() as session:
-                session.execute(update(Job).where(Job.id == self.job_id).values(total_steps=total_steps))
+                repository.set_total_steps(session, self.job_id, total_steps)
                 add_event(
                     session,
                     self.job_id,
@@ -254,9 +255,7 @@ class JobReporter:
         self._last_poll = time.monotonic()
         try:
             with session_scope() as session:
-                status, holder, pause = session.execute(
-                    select(Job.status, Job.worker_id, Job.pause_requested).where(Job.id == self.job_id)
-                ).one()
+                status, holder, pause = repository.control_state(session, self.job_id)
         except Exception as exc:
             if not is_outage(exc):
                 raise
@@ -436,7 +435,7 @@ class JobReporter:
             progress: dict[str, Any] = {"current_step": last, "estimated_finish": finish}
             if tokens is not None:  # an evaluation row alone does not know the step's tokens
                 progress["trained_tokens"] = int(tokens)
-            session.execute(update(Job).where(Job.id == self.job_id).values(**progress))
+            repository.record_progress(session, self.job_id, **progress)
 
     def _track(self, row: dict[str, float]) -> None:
         for tracker in self.trackers:

@@ -22,14 +22,11 @@ import socket
 import threading
 import time
 
-from sqlalchemy import select
-
 from service.config import get_settings
 from service.db import session_scope
-from service.jobs import lifecycle
+from service.jobs import lifecycle, repository
 from service.jobs.events import add_event, state_event
 from service.jobs.resources import job_resources
-from service.models import Job
 from service.queue import RUN_JOB_TASK, send_task
 from worker.launch import kill_trainer, start_trainer, trainer_command, trainer_exited, worker_queues
 from worker.outage import is_outage
@@ -81,7 +78,7 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
     settings = get_settings()
     worker_id = worker_id or default_worker_id()
     with session_scope() as session:
-        queue = session.scalar(select(Job.queue).where(Job.id == job_id))
+        queue = repository.queue_of(session, job_id)
         if queue is None:
             return None
         if _shutdown.is_set():
@@ -120,9 +117,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
     """Run a job this worker has claimed to its end (or hand-back); returns its status then."""
     settings = get_settings()
     with session_scope() as session:
-        attempt, resources = session.execute(
-            select(Job.attempts, Job.resources).where(Job.id == job_id)
-        ).one()
+        attempt, resources = repository.attempt_and_resources(session, job_id)
         gpus = job_resources(resources).gpus
         on = f"worker {worker_id}" + (f", {gpus} ranks" if gpus > 1 else "")
         add_event(
@@ -200,4 +195,4 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
             raise
         log.warning("job %s: could not release it, database unavailable", job_id)
     with session_scope() as session:
-        return session.scalar(select(Job.status).where(Job.id == job_id))
+        return repository.status_of(session, job_id)

@@ -169,11 +169,12 @@ def tensorboard_archive(job_id: str, scratch: Path) -> Path | None:
     from sqlalchemy import select
 
     from service.db import session_scope
+    from service.jobs import repository
     from service.jobs.spec import load_method
     from service.models import JobMetric
 
     with session_scope() as session:
-        job = session.get(Job, job_id)
+        job = repository.job(session, job_id)
         assert job is not None
         if not any(i["type"] == "tensorboard" for i in job.integrations or []):
             return None

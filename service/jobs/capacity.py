@@ -14,6 +14,7 @@ import time
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from service.jobs import repository
 from service.jobs.events import add_event
 from service.jobs.resources import job_resources
 from service.models import Job, JobEvent, Worker
@@ -73,7 +74,5 @@ def note_if_unfit(session: Session, job: Job, *, base_queue: str, within: float)
 def note_unfit_jobs(session: Session, *, base_queue: str, within: float) -> list[str]:
     """`note_if_unfit` for every queued multi-GPU job of the pool (the reconciler's pass: a worker that
     left may have been the only one big enough)."""
-    jobs = session.scalars(
-        select(Job).where(Job.status == "queued", Job.queue.startswith(f"{base_queue}.gpus", autoescape=True))
-    ).all()
+    jobs = repository.queued_on_gpu_queues(session, base_queue)
     return [job.id for job in jobs if note_if_unfit(session, job, base_queue=base_queue, within=within)]

@@ -14,7 +14,7 @@ queued job's message was sent (`dispatched_at`), never its status.
 
 service.queue (Celery) is imported where a message is sent, not at the top: every job's trainer
 process imports this module (worker/recovery.py) and sends nothing unless it hands its job back, and
-importing Celery cost each trainer's start ~25 ms (`python -X importtime`).
+importing Celery is a measurable share of each trainer's start (`python -X importtime` shows it).
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from __future__ import annotations
 import logging
 import time
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.db import session_scope
-from service.models import Job
+from service.jobs import repository
 
 log = logging.getLogger("tunehouse.dispatch")
 
@@ -39,12 +38,7 @@ MAX_RESEND_INTERVAL_SECONDS = 600.0
 def _mark_unsent(job_id: str, sent_at: float) -> None:
     """The send after commit failed: clear `dispatched_at` so the next reconciler pass sends it."""
     with session_scope() as session:
-        session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == "queued", Job.dispatched_at == sent_at)
-            .values(dispatched_at=None)
-            .execution_options(synchronize_session=False)
-        )
+        repository.swap_dispatched_at(session, job_id, expect=sent_at, to=None)
 
 
 def send_after_commit(session: Session, job_id: str, sent_at: float, *, queue: str) -> None:
@@ -69,36 +63,19 @@ def reconcile(*, dispatch_timeout: float) -> list[str]:
     number of times at once: a compare-and-set on `dispatched_at` picks one sender per job and pass."""
     t = time.time()
     with session_scope() as session:
-        rows = session.execute(
-            select(Job.id, Job.queued_at, Job.dispatched_at, Job.queue)
-            .where(Job.status == "queued")
-            .where(Job.dispatched_at.is_(None) | (Job.dispatched_at <= t - dispatch_timeout))
-            .order_by(Job.queued_at)
-        ).all()
+        rows = repository.due_for_dispatch(session, sent_before=t - dispatch_timeout)
     sent: list[str] = []
     for job_id, queued_at, dispatched_at, queue in rows:
         if not _resend_due(t, queued_at, dispatched_at, dispatch_timeout):
             continue
-        same = Job.dispatched_at.is_(None) if dispatched_at is None else Job.dispatched_at == dispatched_at
         with session_scope() as session:
-            won = session.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status == "queued", same)
-                .values(dispatched_at=t)
-                .execution_options(synchronize_session=False)
-            )
-            if getattr(won, "rowcount", 0) != 1:
+            if not repository.swap_dispatched_at(session, job_id, expect=dispatched_at, to=t):
                 continue  # another reconciler sent it, or a worker claimed it meanwhile
         from service.queue import RUN_JOB_TASK, send_task  # not at the top: see the module docstring
 
         if not send_task(RUN_JOB_TASK, [job_id], queue=queue):
             with session_scope() as session:
-                session.execute(
-                    update(Job)
-                    .where(Job.id == job_id, Job.dispatched_at == t)
-                    .values(dispatched_at=dispatched_at)
-                    .execution_options(synchronize_session=False)
-                )
+                repository.swap_dispatched_at(session, job_id, expect=t, to=dispatched_at, queued_only=False)
             break  # the broker is down: the other jobs wait for the next pass, not for N timeouts here
         sent.append(job_id)
     return sent

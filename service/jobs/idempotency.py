@@ -17,11 +17,11 @@ import json
 from collections.abc import Callable
 
 from pydantic import BaseModel
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.errors import Conflict
+from service.jobs import repository
 from service.models import IdempotencyKey, Job, Tenant
 
 HEADER = "Idempotency-Key"
@@ -48,7 +48,9 @@ def _replay(session: Session, *, tenant: Tenant, key: str, digest: str) -> Job |
             param=HEADER,
             code="idempotency_key_reused",
         )
-    return session.scalars(select(Job).where(Job.id == row.job_id, Job.tenant_id == tenant.id)).one()
+    job = repository.tenant_job(session, tenant_id=tenant.id, job_id=row.job_id)
+    assert job is not None  # the key's row references its job
+    return job
 
 
 def create_once(

@@ -14,7 +14,7 @@ from service.db_reads import CompiledRead
 from service.dependencies import After, Limit, SessionDep, SettingsDep, read_row
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
-from service.jobs import creation, idempotency, service, transitions
+from service.jobs import creation, idempotency, repository, service, transitions
 from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
@@ -82,7 +82,7 @@ def list_jobs(
     return list_body([o.model_dump() for o in _objects(session, rows)], has_more)
 
 
-_JOB_READ = CompiledRead(service.job_read_query())
+_JOB_READ = CompiledRead(repository.job_read_query())
 
 
 @router.get("/{job_id}", response_model=JobObject, responses=_JOB)

@@ -33,7 +33,7 @@ class JobError(BaseModel):
     fault: Literal["user", "system"] = "system"
 
 
-# a mapped job, or a row of its columns under the same names (service.jobs.service.job_read_query)
+# a mapped job, or a row of its columns under the same names (service.jobs.repository.job_read_query)
 JobFields = Job | ReadRow
 
 

@@ -4,35 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
-from sqlalchemy import Select, bindparam, inspect, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.errors import BadRequest, NotFound
-from service.jobs.fairness import position_column
+from service.jobs import repository
 from service.models import Checkpoint, Job, JobEvent, JobMetric, Tenant
 from service.pagination import check_limit, page
-
-
-@cache
-def _job_query() -> Select[Job]:
-    # built once, its values bound at execution: building it per call (the comparisons' bind parameters
-    # and the statement's cache key) was ~3% of the CPU of a job's read under load
-    return select(Job).where(Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id"))
-
-
-def job_read_query() -> Select[Any]:
-    """A job's read, the call a polling dashboard makes most, as one Core statement: the job's columns,
-    each labelled with its `Job` attribute's name (so a row reads like a `Job` for `JobObject.of`), and
-    its queue position as `queue_position`. Its rows are plain tuples: mapping them to `Job` objects in
-    an ORM session was a seventh of the read's CPU (git log -p docs/benchmarks.md). Values bound at execution:
-    `job_id`, `tenant_id`. Built once, into the route's `CompiledRead` (service/jobs/routes.py)."""
-    columns = [attr.columns[0].label(attr.key) for attr in inspect(Job).column_attrs]
-    return select(*columns, position_column().label("queue_position")).where(
-        Job.id == bindparam("job_id"), Job.tenant_id == bindparam("tenant_id")
-    )
 
 
 def no_such_job(job_id: str) -> NotFound:
@@ -40,7 +20,7 @@ def no_such_job(job_id: str) -> NotFound:
 
 
 def get_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
-    job = session.scalar(_job_query(), {"job_id": job_id, "tenant_id": tenant.id})
+    job = repository.tenant_job(session, tenant_id=tenant.id, job_id=job_id)
     if job is None:
         raise no_such_job(job_id)
     return job
@@ -49,7 +29,7 @@ def get_job(session: Session, *, tenant: Tenant, job_id: str) -> Job:
 def list_jobs(
     session: Session, *, tenant: Tenant, after: str | None, limit: int, metadata: dict[str, str]
 ) -> tuple[Sequence[Job], bool]:
-    stmt = select(Job).where(Job.tenant_id == tenant.id)
+    stmt = repository.tenant_jobs(tenant.id)
     if metadata:
         # JSON containment differs between SQLite and PostgreSQL; filter in Python over a bounded scan
         rows: list[Job]

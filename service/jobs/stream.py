@@ -37,9 +37,10 @@ from service.config import Settings
 from service.db import DB_UNAVAILABLE_ERRORS, get_sessionmaker
 from service.db_slots import db_slot
 from service.errors import AppError, ServiceUnavailable
+from service.jobs import repository
 from service.jobs.live import channel, message_rows
 from service.jobs.schemas import TERMINAL_STATUSES, EventObject, metric_object
-from service.models import Job, JobEvent, JobMetric
+from service.models import JobEvent, JobMetric
 from service.shutdown import draining
 
 KEEPALIVE_SECONDS = 15.0
@@ -121,9 +122,7 @@ def _read_since(
     The status is read first: each statement sees what was committed before it began, so once the
     status says settled, the events and rows read after it are the job's last ones."""
     with get_sessionmaker()() as session:
-        row = session.execute(
-            select(Job.status, Job.worker_id, Job.heartbeat_at).where(Job.id == job_id)
-        ).one_or_none()
+        row = repository.liveness(session, job_id)
         events = list(
             session.scalars(
                 select(JobEvent)

@@ -22,7 +22,7 @@ from service.base_models.fine_tuned import find_final_checkpoint
 from service.errors import NotFound
 from service.graders.shapes import score_models
 from service.ids import now
-from service.jobs.schemas import TERMINAL_STATUSES
+from service.jobs import repository
 from service.jobs.spec import load_method
 from service.models import Checkpoint, Job
 from service.storage import BlobStore
@@ -44,10 +44,7 @@ def delete_fine_tuned_model(session: Session, *, tenant_id: str, name: str) -> C
 
 def _still_needed(session: Session, ckpt: Checkpoint, tenant_id: str) -> bool:
     name = ckpt.fine_tuned_model_checkpoint
-    unfinished = session.execute(
-        select(Job.model, Job.method).where(Job.tenant_id == tenant_id, Job.status.not_in(TERMINAL_STATUSES))
-    ).all()
-    for model, method in unfinished:
+    for model, method in repository.unfinished_models_and_methods(session, tenant_id):
         if model == name:
             return True
         grader = load_method(method).grader

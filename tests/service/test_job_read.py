@@ -22,13 +22,13 @@ from service.db import session_scope
 from service.db_reads import CompiledRead, close_read_connections
 from service.dependencies import read_row
 from service.ids import new_id
-from service.jobs import service
+from service.jobs import repository
 from service.jobs.fairness import queue_positions
 from service.models import Tenant
 from tests.conftest import new_key
 from tests.helpers import job_row, new_tenant
 
-_JOB_READ = CompiledRead(service.job_read_query())
+_JOB_READ = CompiledRead(repository.job_read_query())
 
 
 def _read_each(
