@@ -31,7 +31,7 @@ from service.webhooks.routes import router as webhooks_router
 def _freeze_startup_heap() -> None:
     """Leave what the imports built out of every later garbage collection. Why: the app's modules,
     routes and models are ~145,000 objects that live as long as the process, and a full collection
-    walked them all (~30 ms) while every request on the event loop waited: most of a job's read's p99
+    walked them all while every request on the event loop waited: most of a job's read's p99
     at 50 connections (git log -p docs/benchmarks.md). Frozen after one last collection, they are never walked
     again."""
     gc.collect()

@@ -91,8 +91,8 @@ class Settings(BaseSettings):
     # Sizes a grader works on (service/graders/limits.py), each over its cap a 400 naming the field.
     # A text: /run's model_sample, and a string_check/text_similarity input or reference both as
     # written and as expanded ({{item.x}} filled in: /run checks its item, an RL job each row).
-    # fuzzy_match's cost grows with the product of its two texts: 20,000 x 20,000 characters is at
-    # worst ~0.7 s of CPU (random text over ~100 symbols); issue 46's 20,000 x 400,000 took 60 s
+    # fuzzy_match's cost grows with the product of its two texts: 20,000 x 20,000 characters is well
+    # under a second of CPU; issue 46's 20,000 x 400,000 held the API's CPU for a minute
     grader_max_text_chars: int = Field(default=20_000, ge=1)
     # /run's `item` (one dataset row) as compact JSON; a job's rows are bounded by its file's upload
     grader_max_item_bytes: int = Field(default=64 * 1024, ge=2)
@@ -142,8 +142,9 @@ class Settings(BaseSettings):
     # SIGTERM to a worker: its trainer checkpoints and hands the job back; after this long it is killed
     # and the job resumes from its previous checkpoint instead
     shutdown_grace_seconds: float = 60.0
-    # a trainer process started ahead of the worker's next one-rank job, its imports done (~5 s less
-    # from claim to first step; ~400 MB held while idle): worker/spare_trainer.py
+    # a trainer process started ahead of the worker's next one-rank job, its imports done (the imports
+    # are most of the time from claim to first step; it holds a few hundred MB while idle):
+    # worker/spare_trainer.py
     spare_trainer: bool = True
 
     # Webhooks (service/webhooks/, delivered by worker/webhooks.py): a failed delivery is retried after

@@ -2,9 +2,9 @@
 a job's read, and an API key's lookup when the key is not cached (service/auth.py).
 
 Why: a job's read is the call a dashboard fleet makes most (bench/test_api_throughput.py). Through
-SQLAlchemy's async engine, which the API used until then, its one statement cost the app 0.24 ms of
-CPU: the pool's checkout, the greenlet that adapts the async driver, the result's processing. On a
-psycopg connection kept here it costs 0.09 ms (git log -p docs/benchmarks.md). The statement is still built
+SQLAlchemy's async engine, which the API used until then, its one statement cost the app about 2.5x
+the CPU it costs on a psycopg connection kept here: the pool's checkout, the greenlet that adapts the
+async driver, the result's processing (git log -p docs/benchmarks.md). The statement is still built
 with SQLAlchemy, and compiled once per process (`CompiledRead`).
 
 What SQLAlchemy's pool did for these reads is done here too: a connection the server hung up on is

@@ -56,9 +56,9 @@ async def _wait_for_slot(slots: anyio.Semaphore) -> None:
     timeout = get_settings().db_pool_timeout_seconds
     try:
         # asyncio's timeout, not anyio's `fail_after`: beyond ~20 connections a process's requests mostly
-        # wait here, and anyio's cancel scope cost ~10 µs more CPU per wait (4 µs against 11 µs over a
-        # bare acquire, 500 waiters on 10 slots), ~8% of a job read's CPU at 1,000 connections in a
-        # profile. The server's loop is asyncio's (uvloop) either way.
+        # wait here, and anyio's cancel scope cost nearly 3x asyncio's CPU per wait over a bare acquire
+        # (500 waiters on 10 slots), ~8% of a job read's CPU at 1,000 connections in a profile. The
+        # server's loop is asyncio's (uvloop) either way.
         async with asyncio.timeout(timeout):
             await slots.acquire()
     except TimeoutError as exc:

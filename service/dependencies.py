@@ -55,8 +55,8 @@ def _first_row_in_thread(statement: Executable, params: Mapping[str, Any]) -> Ro
 async def read_row(read: CompiledRead, params: Mapping[str, Any]) -> ReadRow | None:
     """For the hottest `async def` read routes: one Core statement's first row, on the event loop
     straight through psycopg (service/db_reads.py; in a thread on SQLite), holding a slot only while
-    it reads. No ORM session, no mapped objects, no SQLAlchemy engine: for a job's read, 0.24 ms of
-    the app's CPU through the async engine against 0.09 ms (git log -p docs/benchmarks.md)."""
+    it reads. No ORM session, no mapped objects, no SQLAlchemy engine: a job's read costs the app
+    about 2.5x less CPU than through the async engine (git log -p docs/benchmarks.md)."""
     async with db_slot():
         connections = read_connections()
         if connections is None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI, Request
 
 # fastapi itself is imported where the handlers are installed: a trainer process raises these errors
-# (through service.storage) but never answers HTTP, and importing fastapi cost its start ~90 ms
+# (through service.storage) but never answers HTTP, and importing fastapi would lengthen every start
 
 # How long a client should wait before retrying a 503. The database comes back in seconds after a
 # restart or failover (measured in tests/service/test_db_outage.py); 2 s keeps retries cheap and quick.

@@ -72,7 +72,7 @@ def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: f
 # A training step allocates and frees the same large tensors (activations, gradients, a chunk of logits)
 # over and over. By default glibc serves every block over its mmap threshold with a fresh mmap and unmaps
 # it on free, so each step pays the kernel's page faults and zeroing for those pages again (one exp of a
-# SmolLM2 logits chunk: 170 ms allocating against 15 ms in place). With mmap off and trimming off, freed
+# SmolLM2 logits chunk: ~11x slower allocating than in place). With mmap off and trimming off, freed
 # blocks stay in the heap and the next step reuses them: SmolLM2 SFT LoRA on the CPU trains ~1.15x faster
 # at the same peak RSS (git log -p docs/benchmarks.md, "The trainer's allocator"). A trainer is one
 # process per job, so memory it keeps is returned when the job ends.

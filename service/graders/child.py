@@ -5,7 +5,7 @@ GIL and the memory of every other request (issue 46). The API starts this module
 `python -I -S` under the limits a training-time python grader gets (`python_grader_timeout_seconds`
 of CPU and of wall time, `python_grader_memory_mb` of address space: service/graders/service.py) and
 reads one JSON reply. It imports only the stdlib and `trainers.rewards.graders`, the reward functions RL jobs
-train with, so it starts in ~40 ms.
+train with, so it starts far sooner than a process that imports the service.
 """
 
 from __future__ import annotations

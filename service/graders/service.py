@@ -72,8 +72,8 @@ def check_grader(
 
 # The import root of `service` (and `trainers`): the child runs without site-packages, from here
 _ROOT = str(Path(__file__).resolve().parents[2])
-# the child's start (~40 ms) and reply on top of the grading's own wall time: a python grader that
-# times out inside it reports its own timeout as a result, as it does in a job
+# the child's start and reply (a small fraction of this) on top of the grading's own wall time: a
+# python grader that times out inside it reports its own timeout as a result, as it does in a job
 _CHILD_SLACK_SECONDS = 2.0
 
 

@@ -116,8 +116,8 @@ def _fair_order_of_queues() -> Select[Any]:
 
 
 # Up to this many asked jobs, a count per job (`_counted_positions`); more, one rank of the whole queue
-# (`_ranked_positions`). At 1,001 queued jobs the database took 1.6 ms to count one job's position and
-# 2.9 ms to rank the queue, but 16 ms to count a page of 100 (git log -p docs/benchmarks.md).
+# (`_ranked_positions`). At a thousand queued jobs one rank of the queue cost about two single counts
+# and a sixth of a page of 100 counted one by one (figures: git log -p docs/benchmarks.md).
 _COUNTED_UP_TO = 8
 
 
@@ -165,7 +165,7 @@ def _ranked_positions() -> Select[Any]:
 def queue_positions(session: Session, job_ids: list[str]) -> dict[str, int]:
     """1-based positions, each in the fair order of its own queue, of those of `job_ids` that are
     queued. The database computes them (a queued job's read had fetched every queued job and sorted them
-    in Python: 3.9 ms of the API's CPU per read at 1,001 queued jobs) and returns only the asked rows."""
+    in Python, most of the read's CPU with a thousand queued) and returns only the asked rows."""
     if not job_ids:
         return {}
     query = _counted_positions() if len(job_ids) <= _COUNTED_UP_TO else _ranked_positions()

@@ -9,8 +9,8 @@ model's batch of ~4,800 tokens. sdpa also keeps a float copy of a boolean mask i
 layers share one (``_Mask``).
 
 ``_FlashAttention`` (float32) runs the kernel's own backward. ``_BlockedAttention`` (bf16) replaces it.
-On a CPU, sdpa's flash kernel takes five times as long for backward as for forward (SmolLM2's bench
-batches on a Xeon with AMX: 21 ms against 4.5 ms a layer, 19% of an SFT LoRA step). Its backward walks
+On a CPU, sdpa's flash kernel takes about five times as long for backward as for forward (SmolLM2's
+bench batches on a CPU with AMX: a fifth of an SFT LoRA step). Its backward walks
 the scores in small tiles; where the CPU multiplies bf16 matrices in hardware (AMX), batched products
 over a block of query rows at a time do the same work sooner. For each block of ``BLOCK_ROWS`` query
 rows:
@@ -26,7 +26,7 @@ it: an ``exp`` of -inf, or of anything whose result underflows, took 6x as long 
 on that CPU. The scores are rounded to bf16 by the product, as transformers' eager attention rounds
 them; the gradients stay within twice the flash kernel's distance from a float32 reference
 (tests/trainers/kernels/test_cpu_attention.py). In float32 the same products were slower than the kernel's
-backward on an AVX2-only AMD EPYC (40 against 35 ms a layer at the bench's width), so float32 keeps it.
+backward on an AVX2-only CPU (~15% slower a layer at the bench's width), so float32 keeps it.
 
 Where it runs: ``attention_forward`` takes transformers' "sdpa" attention calls of a trainer process
 (``install``) when the call is a training one on a CPU in bf16 or float32 (grad enabled, no dropout,
@@ -45,7 +45,7 @@ from trainers.core.precision import product_dtype
 from trainers.kernels import varlen_attention
 
 # query rows a backward block takes: at 128-150 rows the float32 scores of a block stay in the caches
-# (one block of all 295 rows took 32 ms against 11 ms in two blocks; 512 rows: 31 ms in four, 57 in two)
+# (one block of all 295 rows took ~3x as long as two blocks; 512 rows: four blocks ~2x faster than two)
 BLOCK_ROWS = 128
 # what a masked score becomes before exp (its weight is set to 0 after): a value exp computes at full speed
 MASKED_SCORE = -80.0

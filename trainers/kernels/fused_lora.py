@@ -6,8 +6,8 @@ their sum are three passes over the layer's output, and backward takes two more 
 and the sum's). On a CPU those passes are bound by memory bandwidth, not arithmetic. Here forward adds
 ``scaling * (x A^T) B^T`` into the base product in place (``addmm_``), and backward scales the [tokens, r]
 and [out, r] products instead of a [tokens, out] one. For one SmolLM2 MLP projection (2,345 tokens, 576
-→ 1,536, r 8, bf16 on a Xeon with AMX) forward and backward took 17.4 ms through peft and 7.6 ms here,
-5.1 ms without the adapter (git log -p docs/benchmarks.md).
+→ 1,536, r 8, bf16) forward and backward took ~2.3x as long through peft as here, and here ~1.5x as long
+as without the adapter (git log -p docs/benchmarks.md).
 
 The values are peft's up to rounding: the same products in the same dtype, summed in another order.
 Only plain LoRA takes this path (one active adapter, no dropout, no DoRA or other variant, no adapter

@@ -42,8 +42,8 @@ def install_kernels(
 def use_plan_free_attention(device: torch.device) -> None:
     """On CUDA, keep sdpa off cuDNN's attention: cuDNN builds an execution plan for every new sequence
     length, and a training run's micro-batches are padded to their own longest row, so nearly every step
-    is a new length. On an H200 that planning took ~16 ms of CPU per attention call in a DPO step of
-    SmolLM2's shapes (2.2 s a step against 0.7 s of GPU work); the flash and memory-efficient kernels
+    is a new length. On a GPU that planning made a DPO step of SmolLM2's shapes ~3x longer than its GPU
+    work (CPU-bound); the flash and memory-efficient kernels
     sdpa falls back to need none. This process trains one job, so the global switch is its own."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
@@ -52,7 +52,7 @@ def use_plan_free_attention(device: torch.device) -> None:
 def use_attention_kernels(device: torch.device) -> None:
     """A trainer process's attention: on CUDA, no cuDNN (``use_plan_free_attention``), and packed
     sequences through flash attention's variable-length kernel where this torch has it
-    (``trainers.kernels.varlen_attention``: +18% tokens/s for full SFT of a 0.5B model on an H200); on a CPU,
+    (``trainers.kernels.varlen_attention``: ~1.2x the tokens/s for full SFT of a 0.5B model); on a CPU,
     bf16 training attention's backward as batched products (``trainers.kernels.cpu_attention``)."""
     use_plan_free_attention(device)
     if varlen_attention.available(device):

@@ -63,9 +63,9 @@ def next_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> Tok
 # is 800 MiB of logits plus as much again for their gradient.
 CHUNK_ELEMENTS = 2**25
 # On a GPU, 8x larger chunks (1 GiB of float32 logits): each chunk re-reads and re-writes the float32
-# weight gradient [V, H], so small chunks make the head memory-bound. On an H200, full SFT of a 0.5B
-# model (V = 151,936) ran at 45.3k tokens/s with these chunks and 39.6k with CHUNK_ELEMENTS, for 2.6 GiB
-# more at peak (git log -p docs/benchmarks.md).
+# weight gradient [V, H], so small chunks make the head memory-bound. On a GPU, full SFT of a 0.5B
+# model (V = 151,936) ran ~1.14x faster with these chunks than with CHUNK_ELEMENTS, for a few GiB more at
+# peak (git log -p docs/benchmarks.md).
 CUDA_CHUNK_ELEMENTS = 2**28
 
 
@@ -111,7 +111,7 @@ class _LinearTokenNLL(torch.autograd.Function):
                 target_logits = logits.gather(1, targets[rows, None]).squeeze(1)
                 best, best_index = logits.max(dim=-1)  # the index of the first maximum, as argmax
                 # log-sum-exp in place: a new [rows, V] tensor per operation cost more in page faults
-                # than the arithmetic (SmolLM2 on the CPU: 170 ms for `exp` against 15 ms for `exp_`)
+                # than the arithmetic (SmolLM2 on the CPU: `exp` ~11x slower than `exp_`)
                 exp_sum = logits.sub_(best[:, None]).exp_().sum(dim=-1)
                 lse[rows] = best + exp_sum.log()
                 nll[rows] = lse[rows] - target_logits
