@@ -11,6 +11,7 @@ refused by the others, so the worker calls every method the same way.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
@@ -57,12 +58,21 @@ def begin_training(
     return load_tokenizer(config.model_path)
 
 
-def tokenize_splits(
-    tokenize: Callable[..., Sequence[T]], train_rows: Rows, valid_rows: Rows | None
-) -> tuple[Sequence[T], Sequence[T] | None]:
-    """``tokenize(rows, param=...)`` on the training rows and, when given, the validation rows."""
+def begin_on_rows(
+    config: TrainingConfig,
+    tokenize_rows: Callable[..., Sequence[T]],
+    train_rows: Rows,
+    valid_rows: Rows | None,
+    *,
+    rewards: RewardSet | None,
+    **limits: Any,
+) -> tuple[PreTrainedTokenizerBase, Sequence[T], Sequence[T] | None]:
+    """``begin_training``, then ``tokenize_rows(rows, tokenizer=..., param=..., **limits)`` on the training
+    rows and, when given, the validation rows (each split's errors name its file)."""
+    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
+    tokenize = partial(tokenize_rows, tokenizer=tokenizer, **limits)
     train = tokenize(train_rows, param="training_file")
-    return train, tokenize(valid_rows, param="validation_file") if valid_rows else None
+    return tokenizer, train, tokenize(valid_rows, param="validation_file") if valid_rows else None
 
 
 def load_model_to_train(settings: ModelSettings, device: torch.device) -> torch.nn.Module:

@@ -21,7 +21,7 @@ from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import TrainingConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.preference import PreferenceBatch, collate_preferences, tokenize_preference_rows
-from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
+from trainers.families.entry import Rows, begin_on_rows, load_model_to_train
 from trainers.modeling.loading import pair_packing, pick_device, row_sums, target_log_probs
 
 if TYPE_CHECKING:
@@ -119,14 +119,15 @@ def train_on_pairs(
 ) -> TrainResult:
     """Train the model ``load`` gives (by default the causal LM ``config.model_path``) on preference rows
     with ``loss_fn``, without a reference model; raise ``DataError`` when the data is at fault."""
-    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
-    tokenize = partial(
+    tokenizer, train, valid = begin_on_rows(
+        config,
         tokenize_preference_rows,
-        tokenizer=tokenizer,
+        train_rows,
+        valid_rows,
+        rewards=rewards,
         max_length=config.max_length,
         max_prompt_length=config.max_prompt_length,
     )
-    train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
     model = load(config, pick_device(), pad_id)

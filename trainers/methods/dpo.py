@@ -40,7 +40,7 @@ from trainers.data.preference import (
     collate_preferences,
     tokenize_preference_rows,
 )
-from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
+from trainers.families.entry import Rows, begin_on_rows, load_model_to_train
 from trainers.families.reference import (
     Reference,
     check_reference,
@@ -273,14 +273,15 @@ def train_dpo(
 
     ``ref_model``: a reference other than the default (the starting model); it must not be the policy.
     """
-    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
-    tokenize = partial(
+    tokenizer, train, valid = begin_on_rows(
+        config,
         tokenize_preference_rows,
-        tokenizer=tokenizer,
+        train_rows,
+        valid_rows,
+        rewards=rewards,
         max_length=config.max_length,
         max_prompt_length=config.max_prompt_length,
     )
-    train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     device = pick_device()
     model = load_model_to_train(config, device)
     load_reference = starting_model_loader(config, device)

@@ -31,7 +31,7 @@ from trainers.core.config import TrainingConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.preference import SequenceRows, stack_rows
 from trainers.data.unpaired import UnpairedBatch, UnpairedExample, collate_unpaired, tokenize_unpaired_rows
-from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
+from trainers.families.entry import Rows, begin_on_rows, load_model_to_train
 from trainers.families.reference import (
     Reference,
     check_reference,
@@ -153,14 +153,15 @@ def train_kto(
 
     ``ref_model``: a reference other than the default (the starting model); it must not be the policy.
     """
-    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
-    tokenize = partial(
+    tokenizer, train, valid = begin_on_rows(
+        config,
         tokenize_unpaired_rows,
-        tokenizer=tokenizer,
+        train_rows,
+        valid_rows,
+        rewards=rewards,
         max_length=config.max_length,
         max_prompt_length=config.max_prompt_length,
     )
-    train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
     model = load_model_to_train(config, pick_device())
     task = build_kto_task(config, model, tokenizer, train, valid, ref_model=ref_model)
     return run_training(config, task, callbacks)

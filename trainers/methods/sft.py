@@ -27,7 +27,7 @@ from trainers.core.config import TrainingConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.data.collate import SFTBatch, pack_batch, pad_batch
 from trainers.data.sft import TokenizedExample, tokenize_sft_rows
-from trainers.families.entry import Rows, begin_training, load_model_to_train, tokenize_splits
+from trainers.families.entry import Rows, begin_on_rows, load_model_to_train
 from trainers.losses.causal_lm import IGNORE_INDEX, linear_cross_entropy, next_token_cross_entropy
 from trainers.modeling.loading import decoder_and_head, pick_device, runs_packed
 
@@ -92,9 +92,9 @@ def train_sft(
     rewards: RewardSet | None = None,
 ) -> TrainResult:
     """Fine-tune ``config.model_path`` on ``train_rows``; raise ``DataError`` when the data is at fault."""
-    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
-    tokenize = partial(tokenize_sft_rows, tokenizer=tokenizer, max_length=config.max_length)
-    train, valid = tokenize_splits(tokenize, train_rows, valid_rows)
+    tokenizer, train, valid = begin_on_rows(
+        config, tokenize_sft_rows, train_rows, valid_rows, rewards=rewards, max_length=config.max_length
+    )
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
     model = load_model_to_train(config, pick_device())
