@@ -22,7 +22,7 @@ from service.jobs.dispatch import send_after_commit
 from service.jobs.events import add_event, state_event
 from service.jobs.integrations import duplicate_type, stored_integrations
 from service.jobs.lifecycle import queued_values
-from service.jobs.resources import ONE_GPU, queue_for
+from service.jobs.resources import ONE_GPU, check_resources, queue_for
 from service.jobs.spec import (
     JobCreate,
     Method,
@@ -107,6 +107,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         )
     method = _method_of(spec)
     resources = spec.resources or ONE_GPU
+    check_resources(resources, settings)
     _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
@@ -137,8 +138,8 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         user_metadata=spec.metadata,
         integrations=stored_integrations(spec.integrations),
         status="validating_files",
-        resources=resources.model_dump(mode="json"),
-        queue=queue_for(settings.job_queue, resources.gpus),
+        resources=resources.stored(),
+        queue=queue_for(settings.job_queue, resources),
     )
     session.add(job)
     session.flush()
