@@ -69,7 +69,7 @@ def nodes_with_room(need: Resources, *, use_gpu: bool, cpus_per_rank: float) -> 
     """Live nodes that can hold `gpus_per_node` ranks (by their total resources, not what is free now:
     a busy node frees up, a small one never fits)."""
     count = 0
-    for node in ray.nodes():
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         if not node.get("Alive"):
             continue
         resources = node.get("Resources", {})
@@ -111,13 +111,13 @@ def _connect_retrying(job_id: str, worker_id: str, settings: Settings) -> bool:
 def _wait_for_room(job_id: str, worker_id: str, need: Resources, settings: Settings, use_gpu: bool) -> bool:
     deadline = time.monotonic() + settings.ray_wait_seconds
     said = False
-    while (
-        have := nodes_with_room(need, use_gpu=use_gpu, cpus_per_rank=settings.ray_cpus_per_rank)
-    ) < need.nodes:
-        what = (
-            f"{need.per_node} GPU(s)" if use_gpu else f"{settings.ray_cpus_per_rank * need.per_node:g} CPU(s)"
+    cpus = settings.ray_cpus_per_rank
+    what = f"{need.per_node} GPU(s)" if use_gpu else f"{cpus * need.per_node:g} CPU(s)"
+    while (have := nodes_with_room(need, use_gpu=use_gpu, cpus_per_rank=cpus)) < need.nodes:
+        why = (
+            f"the Ray cluster has {have} live node(s) with {what} for {need.per_node} rank(s); "
+            f"the job needs {need.nodes}"
         )
-        why = f"the Ray cluster has {have} live node(s) with {what} for {need.per_node} rank(s); the job needs {need.nodes}"
         if time.monotonic() >= deadline:
             _hand_back(job_id, worker_id, f"{why}; it waits in the queue for nodes to join")
             return False
@@ -173,14 +173,14 @@ def drive(job_id: str, worker_id: str) -> int:
     if not _connect_retrying(job_id, worker_id, settings):
         return 0
     try:
-        use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+        use_gpu = ray.cluster_resources().get("GPU", 0) > 0  # type: ignore[no-untyped-call]
         if not _wait_for_room(job_id, worker_id, need, settings, use_gpu):
             return 0
         batch = global_batch_size(hp, need.ranks)
         _event(
             job_id,
-            f"Training on {need.nodes} nodes x {need.per_node} rank(s) = {need.ranks} ranks through Ray Train "
-            f"({'NCCL' if use_gpu else 'gloo'}); global batch = batch_size {hp.get('batch_size')} x "
+            f"Training on {need.nodes} nodes x {need.per_node} rank(s) = {need.ranks} ranks through Ray "
+            f"Train ({'NCCL' if use_gpu else 'gloo'}); global batch = batch_size {hp.get('batch_size')} x "
             f"gradient_accumulation_steps {hp.get('gradient_accumulation_steps', 1)} x {need.ranks} ranks "
             f"= {batch} examples per step",
             data={

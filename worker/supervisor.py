@@ -133,7 +133,10 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
         need = job_resources(resources)
         gpus = need.ranks
         if need.multi_node:
-            on = f"Ray cluster {settings.ray_address} (driver: worker {worker_id}), {need.nodes} nodes x {need.per_node} ranks"
+            on = (
+                f"Ray cluster {settings.ray_address} (driver: worker {worker_id}), "
+                f"{need.nodes} nodes x {need.per_node} ranks"
+            )
         else:
             on = f"worker {worker_id}" + (f", {gpus} ranks" if gpus > 1 else "")
         add_event(

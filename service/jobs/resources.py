@@ -20,9 +20,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.config import Settings
-from service.errors import BadRequest
-
 # one node is one worker host: 64 is more GPUs than any host has
 MAX_GPUS = 64
 # a bound on the field itself; the operator's maximum (settings.max_nodes) is checked at creation
@@ -65,32 +62,6 @@ class Resources(BaseModel):
 
 
 ONE_GPU = Resources()
-
-
-def check_resources(resources: Resources, settings: Settings) -> None:
-    """What the field's own bounds cannot say: one spelling of the GPUs per node, the operator's most
-    nodes, and a Ray cluster to run several nodes on (a 400 naming the field)."""
-    if resources.gpus is not None and resources.gpus_per_node is not None:
-        raise BadRequest(
-            "resources: give gpus_per_node or gpus (its one-node name), not both",
-            param="resources.gpus",
-            code="invalid_value",
-        )
-    if not resources.multi_node:
-        return
-    if not settings.ray_address:
-        raise BadRequest(
-            f"resources.nodes: {resources.nodes} nodes need a Ray cluster, and this deployment has none "
-            "(TUNEHOUSE_RAY_ADDRESS); ask for nodes: 1",
-            param="resources.nodes",
-            code="multi_node_unavailable",
-        )
-    if resources.nodes > settings.max_nodes:
-        raise BadRequest(
-            f"resources.nodes: {resources.nodes} is above this deployment's maximum of {settings.max_nodes}",
-            param="resources.nodes",
-            code="invalid_value",
-        )
 
 
 def job_resources(stored: dict[str, Any] | None) -> Resources:

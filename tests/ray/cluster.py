@@ -19,6 +19,7 @@ by pid (never a global `ray stop`).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -66,10 +67,8 @@ def pids_of(mark: str) -> set[int]:
 
 def kill(pids: set[int], sig: signal.Signals = signal.SIGKILL) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 @dataclass
