@@ -63,8 +63,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    """The cluster (head on 127.0.0.2, a worker node on 127.0.0.3, 1 CPU each), an API server and one
-    training worker, on a broker and queue of their own."""
+    """The cluster (head on 127.0.0.2, a worker node on 127.0.0.3, 1 CPU each), an API server, a
+    training worker pointed at the cluster and one that is not, on a broker and queue of their own."""
     import redis
 
     redis.Redis.from_url(BROKER).flushdb()
@@ -79,17 +79,18 @@ def stack() -> Iterator[Stack]:
         "TUNEHOUSE_COLLECTIVE_TIMEOUT_SECONDS": "60",
         **cluster.env,
     }
-    os.environ.update(cluster.env)
-    worker = server = None
+    worker = local = server = None
+    command = [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"]
     try:
         cluster.start_head()
         cluster.add_node()
         cluster.wait_nodes(2)
         url, server = start_server(env)
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"],
-            env={**os.environ, **env},
-        )
+        worker = subprocess.Popen(command, env={**os.environ, **env})
+        # a worker of one-node jobs only (no Ray address): the one-node job of a pair trains while the
+        # Ray worker drives the two-node one, instead of after it
+        one_node_env = {k: v for k, v in env.items() if k != "TUNEHOUSE_RAY_ADDRESS"}
+        local = subprocess.Popen(command, env={**os.environ, **one_node_env})
         headers = {"Authorization": f"Bearer {new_key()}"}
         with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
             s = Stack(client, cluster)
@@ -98,7 +99,7 @@ def stack() -> Iterator[Stack]:
             s.stop_watching()
             assert s.outside == [], "connections left loopback:\n" + "\n".join(s.outside)
     finally:
-        for proc in (worker, server):
+        for proc in (worker, local, server):
             if proc is not None:
                 _stop(proc)
         cluster.stop()
