@@ -32,14 +32,20 @@ import httpx
 import pytest
 
 from tests.conftest import _stop, new_key, redis_db, start_server
+from tests.e2e.test_multi_gpu_jobs import (
+    CURVE,
+    _assert_same_curve,
+    _checkpoint_steps,
+    _create,
+    _method,
+    _steps,
+)
 from tests.e2e.test_preference_methods import preference_rows
 from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 from tests.ray.cluster import HEAD_IP, RayCluster, pids_of
 
 BROKER = redis_db(4)
 QUEUE = "tunehouse-ray"
-REL = 1e-5
-CURVE = ("loss", "grad_norm", "learning_rate", "trained_tokens")
 
 
 class Stack:
@@ -63,8 +69,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    """The cluster (head on 127.0.0.2, a worker node on 127.0.0.3, 1 CPU each), an API server, a
-    training worker pointed at the cluster and one that is not, on a broker and queue of their own."""
+    """The cluster (head on 127.0.0.2, a worker node on 127.0.0.3, 1 CPU each), an API server and one
+    training worker, on a broker and queue of their own."""
     import redis
 
     redis.Redis.from_url(BROKER).flushdb()
@@ -79,18 +85,16 @@ def stack() -> Iterator[Stack]:
         "TUNEHOUSE_COLLECTIVE_TIMEOUT_SECONDS": "60",
         **cluster.env,
     }
-    worker = local = server = None
-    command = [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"]
+    worker = server = None
     try:
         cluster.start_head()
         cluster.add_node()
         cluster.wait_nodes(2)
         url, server = start_server(env)
-        worker = subprocess.Popen(command, env={**os.environ, **env})
-        # a worker of one-node jobs only (no Ray address): the one-node job of a pair trains while the
-        # Ray worker drives the two-node one, instead of after it
-        one_node_env = {k: v for k, v in env.items() if k != "TUNEHOUSE_RAY_ADDRESS"}
-        local = subprocess.Popen(command, env={**os.environ, **one_node_env})
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tunehouse.cli", "worker", "--loglevel", "warning"],
+            env={**os.environ, **env},
+        )
         headers = {"Authorization": f"Bearer {new_key()}"}
         with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
             s = Stack(client, cluster)
@@ -99,41 +103,14 @@ def stack() -> Iterator[Stack]:
             s.stop_watching()
             assert s.outside == [], "connections left loopback:\n" + "\n".join(s.outside)
     finally:
-        for proc in (worker, local, server):
+        for proc in (worker, server):
             if proc is not None:
                 _stop(proc)
         cluster.stop()
 
 
-def _create(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    response = client.post("/v1/fine_tuning/jobs", json={"model": "tunehouse/tiny-llama", "seed": 7, **body})
-    assert response.status_code == 200, response.text
-    job: dict[str, Any] = response.json()
-    return job
-
-
-def _method(kind: str, **hp: Any) -> dict[str, Any]:
-    return {"type": kind, kind: {"hyperparameters": hp}}
-
-
-def _steps(client: httpx.Client, job_id: str) -> list[dict[str, Any]]:
-    return all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/metrics")
-
-
 def _events(client: httpx.Client, job_id: str) -> list[str]:
     return [e["message"] for e in all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/events")]
-
-
-def _checkpoint_steps(client: httpx.Client, job_id: str) -> list[int]:
-    rows = all_pages(client, f"/v1/fine_tuning/jobs/{job_id}/checkpoints")
-    return sorted(int(c["step_number"]) for c in rows)
-
-
-def _assert_same_curve(two: list[dict[str, Any]], one: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
-    assert [r["step"] for r in two] == [r["step"] for r in one]
-    for a, b in zip(two, one, strict=True):
-        for key in keys:
-            assert a[key] == pytest.approx(b[key], rel=REL, abs=1e-7), (a["step"], key, a[key], b[key])
 
 
 def _print_curves(name: str, two: list[dict[str, Any]], one: list[dict[str, Any]]) -> None:
