@@ -134,6 +134,24 @@ class Settings(BaseSettings):
     # a multi-GPU job's ranks give up on a collective after this long (a hung or dead peer): the job
     # then restarts from its latest checkpoint instead of hanging (trainers/core/distributed.py)
     collective_timeout_seconds: float = Field(default=300.0, gt=0)
+
+    # Multi-node jobs (`resources.nodes` > 1) run on the operator's Ray cluster (worker/ray_driver.py,
+    # docs/ray.md): `ray://head:10001` (Ray Client) or `host:port` of a head whose cluster this host has
+    # joined. Unset: a nodes > 1 job is refused (400). Set on the API (to accept such jobs) and on the
+    # workers that drive them (they consume the pool's Ray queue).
+    ray_address: str | None = Field(default=None, min_length=1)
+    # the address the driver's Ray node uses (`ray.init(_node_ip_address=...)`): a host with several
+    # interfaces names the one its Ray node listens on; unset: Ray's choice
+    ray_node_ip_address: str | None = Field(default=None, min_length=1)
+    # the most nodes one job may ask for (a 400 above it)
+    max_nodes: int = Field(default=16, ge=1, le=1024)
+    # CPUs each rank reserves on its node (its data loading and, without GPUs, its training)
+    ray_cpus_per_rank: float = Field(default=1.0, gt=0)
+    # how long the driver waits for the cluster to have room for the job's nodes before it hands the
+    # job back to the queue (it says why in the job's events first)
+    ray_wait_seconds: float = Field(default=600.0, gt=0)
+    # how long an unreachable Ray cluster holds a claimed job back before it returns to the queue
+    ray_retry_seconds: float = Field(default=30.0, ge=0)
     # resumable checkpoint at least every N minutes of training, for jobs that do not set
     # `save_minutes` (0: only `save_steps` and the end)
     checkpoint_minutes: float = Field(default=10.0, ge=0)

@@ -65,7 +65,7 @@ class FineTuningJob(_Object):
     # extension: 1-based place in the fair start order while queued, else None
     queue_position: int | None = None
     total_steps: int | None = None
-    # extension: {"gpus", "strategy", "global_batch_size"}: what the job trains on
+    # extension: {"nodes", "gpus_per_node", "gpus", "strategy", "global_batch_size"}: what the job trains on
     resources: dict[str, Any] = {}
 
     @property

@@ -166,15 +166,18 @@ def _load_retrying(
     )
 
 
-def run(job_id: str, worker_id: str) -> None:
+def run(job_id: str, worker_id: str, *, shutdown: threading.Event | None = None) -> None:
+    """Run the job as this process's rank. `shutdown`: set by whoever stops the run early (a Ray rank
+    passes its own, worker/ray_rank.py); by default SIGTERM sets it."""
     settings = get_settings()
-    shutdown = _stop_on_sigterm(settings.shutdown_grace_seconds)
+    shutdown = shutdown or _stop_on_sigterm(settings.shutdown_grace_seconds)
     with session_scope() as session:
         job = repository.job(session, job_id)
         assert job is not None
         session.expunge_all()
     method = load_method(job.method)
-    distributed.init_from_env(
+    # under Ray Train the group is Ray's: it was joined before and Ray tears it down
+    joined = distributed.init_from_env(
         timeout_seconds=settings.collective_timeout_seconds, strategy=job_resources(job.resources).strategy
     )
     try:
@@ -183,13 +186,16 @@ def run(job_id: str, worker_id: str) -> None:
         else:
             _run_other_rank(job, method)
     finally:
-        distributed.shutdown()
+        if joined:
+            distributed.shutdown()
 
 
 def _make_workdir(prefix: str) -> Path:
     """The job's scratch folder in the data dir, also where the trainer's tokenized examples spill
     (``trainers.data.example_store`` writes to ``tempfile``'s directory): the data disk, not a small /tmp."""
-    workdir = Path(tempfile.mkdtemp(dir=get_settings().data_dir, prefix=prefix))
+    data_dir = get_settings().data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)  # a Ray node may not have run a job before
+    workdir = Path(tempfile.mkdtemp(dir=data_dir, prefix=prefix))
     tempfile.tempdir = str(workdir)
     return workdir
 

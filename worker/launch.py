@@ -43,8 +43,9 @@ def worker_gpus(settings: Settings) -> int:
 
 
 def worker_queues(settings: Settings) -> list[str]:
-    """The queues this training worker consumes and claims from: jobs of 1..its GPUs."""
-    return queues_served(settings.job_queue, worker_gpus(settings))
+    """The queues this training worker consumes and claims from: jobs of 1..its GPUs, and multi-node
+    jobs when it is pointed at a Ray cluster (it drives them: worker/ray_driver.py)."""
+    return queues_served(settings.job_queue, worker_gpus(settings), ray=bool(settings.ray_address))
 
 
 TRAINER_MODULE = "worker.job_process"  # a trainer process's entry point
@@ -67,6 +68,15 @@ def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: f
         f"--shutdown-timeout={math.ceil(grace_seconds)}",
     ]
     return [sys.executable, *launcher, *entry]
+
+
+DRIVER_MODULE = "worker.ray_driver"  # a multi-node job's driver: it runs the ranks on Ray
+
+
+def driver_command(job_id: str, worker_id: str) -> list[str]:
+    """The process that drives a multi-node job's ranks on the Ray cluster (worker/ray_driver.py); the
+    supervisor heartbeats while it lives, as for a trainer."""
+    return [sys.executable, "-m", DRIVER_MODULE, job_id, worker_id]
 
 
 # A training step allocates and frees the same large tensors (activations, gradients, a chunk of logits)

@@ -28,7 +28,14 @@ from service.jobs import lifecycle, repository
 from service.jobs.events import add_event, state_event
 from service.jobs.resources import job_resources
 from service.queue import RUN_JOB_TASK, send_task
-from worker.launch import kill_trainer, start_trainer, trainer_command, trainer_exited, worker_queues
+from worker.launch import (
+    driver_command,
+    kill_trainer,
+    start_trainer,
+    trainer_command,
+    trainer_exited,
+    worker_queues,
+)
 from worker.outage import is_outage
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
 from worker.spare_trainer import SpareTrainer
@@ -118,20 +125,30 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
     settings = get_settings()
     with session_scope() as session:
         attempt, resources = repository.attempt_and_resources(session, job_id)
-        gpus = job_resources(resources).gpus
-        on = f"worker {worker_id}" + (f", {gpus} ranks" if gpus > 1 else "")
+        need = job_resources(resources)
+        gpus = need.ranks
+        if need.multi_node:
+            on = (
+                f"Ray cluster {settings.ray_address} (driver: worker {worker_id}), "
+                f"{need.nodes} nodes x {need.per_node} ranks"
+            )
+        else:
+            on = f"worker {worker_id}" + (f", {gpus} ranks" if gpus > 1 else "")
         add_event(
             session,
             job_id,
             f"Job started on {on} (attempt {attempt})",
-            data=state_event("running", worker=worker_id, attempt=attempt, ranks=gpus),
+            data=state_event("running", worker=worker_id, attempt=attempt, ranks=gpus, nodes=need.nodes),
         )
 
     proc = _spare.take(job_id, worker_id) if _spare is not None and gpus == 1 else None
     if proc is None:
-        proc = start_trainer(
-            trainer_command(job_id, worker_id, ranks=gpus, grace_seconds=settings.shutdown_grace_seconds)
+        command = (
+            driver_command(job_id, worker_id)
+            if need.multi_node
+            else trainer_command(job_id, worker_id, ranks=gpus, grace_seconds=settings.shutdown_grace_seconds)
         )
+        proc = start_trainer(command)
     lost_since: float | None = None
     stop_asked: float | None = None
     last_beat = time.monotonic()

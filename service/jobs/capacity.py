@@ -45,9 +45,11 @@ def largest_live(session: Session, *, queue: str, within: float) -> int | None:
 
 def note_if_unfit(session: Session, job: Job, *, base_queue: str, within: float) -> bool:
     """Add the job's "waiting for a worker" event (once) if no live worker of its pool has the GPUs it
-    asks for; True if the job fits no live worker. One-GPU jobs fit every worker and are not checked."""
-    gpus = job_resources(job.resources).gpus
-    if gpus == 1:
+    asks for; True if the job fits no live worker. One-GPU jobs fit every worker and are not checked;
+    multi-node jobs wait for their Ray cluster's nodes, which the driver reports."""
+    resources = job_resources(job.resources)
+    gpus = resources.per_node
+    if gpus == 1 or resources.multi_node:  # a multi-node job's cluster is Ray's (worker/ray_driver.py)
         return False
     largest = largest_live(session, queue=base_queue, within=within)
     if largest is not None and largest >= gpus:

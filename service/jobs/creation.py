@@ -22,7 +22,7 @@ from service.jobs.dispatch import send_after_commit
 from service.jobs.events import add_event, state_event
 from service.jobs.integrations import duplicate_type, stored_integrations
 from service.jobs.lifecycle import queued_values
-from service.jobs.resources import ONE_GPU, queue_for
+from service.jobs.resources import ONE_GPU, Resources, queue_for
 from service.jobs.spec import (
     JobCreate,
     Method,
@@ -82,6 +82,32 @@ def _method_of(spec: JobCreate) -> Method:
     return load_method({"type": "supervised", "supervised": {"hyperparameters": legacy}})
 
 
+def _check_resources(resources: Resources, settings: Settings) -> None:
+    """What the field's own bounds cannot say: one spelling of the GPUs per node, the operator's most
+    nodes, and a Ray cluster to run several nodes on (a 400 naming the field)."""
+    if resources.gpus is not None and resources.gpus_per_node is not None:
+        raise BadRequest(
+            "resources: give gpus_per_node or gpus (its one-node name), not both",
+            param="resources.gpus",
+            code="invalid_value",
+        )
+    if not resources.multi_node:
+        return
+    if not settings.ray_address:
+        raise BadRequest(
+            f"resources.nodes: {resources.nodes} nodes need a Ray cluster, and this deployment has none "
+            "(TUNEHOUSE_RAY_ADDRESS); ask for nodes: 1",
+            param="resources.nodes",
+            code="multi_node_unavailable",
+        )
+    if resources.nodes > settings.max_nodes:
+        raise BadRequest(
+            f"resources.nodes: {resources.nodes} is above this deployment's maximum of {settings.max_nodes}",
+            param="resources.nodes",
+            code="invalid_value",
+        )
+
+
 def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
     is_fine_tuned = spec.model.startswith("ft:") and (
         find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
@@ -107,6 +133,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         )
     method = _method_of(spec)
     resources = spec.resources or ONE_GPU
+    _check_resources(resources, settings)
     _check_rl(session, tenant=tenant, method=method, spec=spec, settings=settings)
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
@@ -137,8 +164,8 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         user_metadata=spec.metadata,
         integrations=stored_integrations(spec.integrations),
         status="validating_files",
-        resources=resources.model_dump(mode="json"),
-        queue=queue_for(settings.job_queue, resources.gpus),
+        resources=resources.stored(),
+        queue=queue_for(settings.job_queue, resources),
     )
     session.add(job)
     session.flush()

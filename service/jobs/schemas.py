@@ -64,7 +64,8 @@ class JobObject(BaseModel):
     total_steps: int | None
     # 1-based place in the fair start order (service/jobs/fairness.py) while queued, else null
     queue_position: int | None = None
-    # {"gpus", "strategy", "global_batch_size"}: what the job trains on (service/jobs/resources.py)
+    # {"nodes", "gpus_per_node", "gpus", "strategy", "global_batch_size"}: what the job trains on
+    # (service/jobs/resources.py)
     resources: dict[str, Any] = {}
 
     @classmethod
@@ -103,7 +104,7 @@ class JobObject(BaseModel):
 
 def _resources(job: JobFields, hyperparameters: dict[str, Any]) -> dict[str, Any]:
     resources = job_resources(job.resources)
-    return {**resources.model_dump(), "global_batch_size": global_batch_size(hyperparameters, resources.gpus)}
+    return {**resources.shown(), "global_batch_size": global_batch_size(hyperparameters, resources.ranks)}
 
 
 class EventObject(BaseModel):

@@ -109,8 +109,21 @@ def _run_pair(
         client, {"training_file": train, "method": _method(kind, **hp, gradient_accumulation_steps=2)}
     )
     # the spec says what a step is: the same global batch, over 2 ranks or 1
-    assert two["resources"] == {"gpus": 2, "strategy": strategy, "global_batch_size": 2 * hp["batch_size"]}
-    assert one["resources"] == {"gpus": 1, "strategy": "ddp", "global_batch_size": 2 * hp["batch_size"]}
+    batch = 2 * hp["batch_size"]
+    assert two["resources"] == {
+        "nodes": 1,
+        "gpus_per_node": 2,
+        "gpus": 2,
+        "strategy": strategy,
+        "global_batch_size": batch,
+    }
+    assert one["resources"] == {
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "gpus": 1,
+        "strategy": "ddp",
+        "global_batch_size": batch,
+    }
     done_two, done_one = wait_for(client, two["id"]), wait_for(client, one["id"])
     assert done_two["status"] == "succeeded", done_two
     assert done_one["status"] == "succeeded", done_one

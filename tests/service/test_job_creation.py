@@ -126,7 +126,7 @@ def test_a_job_is_stored_queued_with_its_events_and_sent_after_commit(
         {"team": "a"},
         IDLE_QUEUE,
     )
-    assert row.resources == {"gpus": 1, "strategy": "ddp"}
+    assert row.resources == {"nodes": 1, "gpus_per_node": 1, "strategy": "ddp"}
     assert row.queued_at is not None and before <= row.queued_at <= time.time()
     hyper = row.method["supervised"]["hyperparameters"]
     assert row.method["type"] == "supervised" and hyper["n_epochs"] == 2
@@ -347,7 +347,10 @@ def test_a_multi_gpu_job_goes_to_its_pool_and_says_when_no_worker_fits(
     tenant: Tenant, idle_broker: Waiting
 ) -> None:
     job = _create(tenant, {"training_file": _file(tenant), "resources": {"gpus": 2}})
-    assert (job.queue, job.resources) == (f"{IDLE_QUEUE}.gpus2", {"gpus": 2, "strategy": "ddp"})
+    assert (job.queue, job.resources) == (
+        f"{IDLE_QUEUE}.gpus2",
+        {"nodes": 1, "gpus_per_node": 2, "strategy": "ddp"},
+    )
     with session_scope() as session:
         kinds = [
             e.data["kind"]
@@ -409,3 +412,34 @@ def test_a_python_grader_is_refused_unless_the_operator_allows_it(
     )
     allowed = get_settings().model_copy(update={"allow_python_grader": True})
     assert _create(tenant, body, allowed).method["grpo"]["grader"]["type"] == "python"
+
+
+def test_multi_node_jobs_need_a_ray_cluster_and_stay_within_the_maximum(
+    tenant: Tenant, idle_broker: Waiting
+) -> None:
+    """`resources.nodes` > 1 (service/jobs/resources.py): refused without TUNEHOUSE_RAY_ADDRESS or above
+    the operator's maximum, nothing stored; accepted, it goes to the pool's Ray queue (worker/ray_driver.py
+    runs it; tests/ray run it on a real cluster)."""
+    body = {"training_file": _file(tenant), "resources": {"nodes": 2, "gpus_per_node": 4}}
+    error = _refused(tenant, body)
+    assert (error.status_code, error.param, error.code) == (400, "resources.nodes", "multi_node_unavailable")
+    assert "TUNEHOUSE_RAY_ADDRESS" in error.message
+    on_ray = Settings(job_queue=IDLE_QUEUE, ray_address="127.0.0.1:1", max_nodes=2)
+    error = _refused(tenant, {**body, "resources": {"nodes": 3}}, on_ray)
+    assert (error.param, error.code) == ("resources.nodes", "invalid_value")
+    assert error.message == "resources.nodes: 3 is above this deployment's maximum of 2"
+    error = _refused(tenant, {**body, "resources": {"gpus": 2, "gpus_per_node": 2}}, on_ray)
+    assert (error.param, error.code) == ("resources.gpus", "invalid_value")
+    job = _create(tenant, body, on_ray)
+    assert (job.queue, job.resources) == (
+        f"{IDLE_QUEUE}.ray",
+        {"nodes": 2, "gpus_per_node": 4, "strategy": "ddp"},
+    )
+    # a one-node job's spelling, gpus_per_node, is the same job as `gpus`
+    one = _create(tenant, {**body, "resources": {"gpus_per_node": 2}})
+    assert (one.queue, one.resources) == (
+        f"{IDLE_QUEUE}.gpus2",
+        {"nodes": 1, "gpus_per_node": 2, "strategy": "ddp"},
+    )
+    broker = redis.Redis.from_url(IDLE_BROKER)
+    broker.delete(job.queue, one.queue)

@@ -250,6 +250,9 @@ def test_a_minimal_job_body() -> None:
         ({"resources": {"gpus": 0}}, "resources.gpus"),
         ({"resources": {"gpus": 65}}, "resources.gpus"),
         ({"resources": {"strategy": "zero3"}}, "resources.strategy"),
+        ({"resources": {"nodes": 0}}, "resources.nodes"),
+        ({"resources": {"nodes": 1025}}, "resources.nodes"),
+        ({"resources": {"gpus_per_node": 0}}, "resources.gpus_per_node"),
         ({"color": "red"}, "color"),
     ],
 )

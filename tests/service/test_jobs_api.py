@@ -109,6 +109,13 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
         ({"resources": {"gpus": "2"}}, "resources.gpus"),
         ({"resources": {"strategy": "zero3"}}, "resources.strategy"),
         ({"resources": {"gpu": 2}}, "resources.gpu"),
+        ({"resources": {"nodes": 0}}, "resources.nodes"),
+        ({"resources": {"nodes": 1025}}, "resources.nodes"),
+        ({"resources": {"nodes": "2"}}, "resources.nodes"),
+        ({"resources": {"nodes": 2}}, "resources.nodes"),  # no Ray cluster here (multi_node_unavailable)
+        ({"resources": {"gpus_per_node": 0}}, "resources.gpus_per_node"),
+        ({"resources": {"gpus_per_node": 65}}, "resources.gpus_per_node"),
+        ({"resources": {"gpus_per_node": 1.5}}, "resources.gpus_per_node"),
         ({"suffix": "has spaces"}, "suffix"),
         ({"seed": -1}, "seed"),
         ({"method": {"type": "supervised"}, "hyperparameters": {"n_epochs": 1}}, "hyperparameters"),
@@ -393,11 +400,12 @@ def test_resources_default_to_one_gpu_and_state_the_global_batch(
 ) -> None:
     hp = {"batch_size": 3, "gradient_accumulation_steps": 2}
     one = _create(client, model=MODEL, training_file=train_file, method=_sft(hp)).json()
-    assert one["resources"] == {"gpus": 1, "strategy": "ddp", "global_batch_size": 6}
+    one_gpu = {"nodes": 1, "gpus_per_node": 1, "gpus": 1, "strategy": "ddp", "global_batch_size": 6}
+    assert one["resources"] == one_gpu
     four = _create(client, model=MODEL, training_file=train_file, method=_sft(hp), resources={"gpus": 4})
     assert four.status_code == 200, four.text
     job = four.json()
-    assert job["resources"] == {"gpus": 4, "strategy": "ddp", "global_batch_size": 24}
+    assert job["resources"] == {**one_gpu, "gpus_per_node": 4, "gpus": 4, "global_batch_size": 24}
     assert job["status"] == "queued" and job["queue_position"] == 1
     # no worker of this pool has 4 GPUs (none runs at all): the job says why it waits
     events = client.get(f"/v1/fine_tuning/jobs/{job['id']}/events").json()["data"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from service.config import Settings
-from service.jobs.resources import global_batch_size, queue_for, queues_served
+from service.jobs.resources import Resources, global_batch_size, queue_for, queues_served
 from worker import launch
 
 
@@ -32,7 +32,9 @@ def test_gpus_follow_cuda_visible_devices(
 def test_a_worker_consumes_every_job_size_it_holds() -> None:
     assert queues_served("pool", 1) == ["pool"]
     assert queues_served("pool", 3) == ["pool", "pool.gpus2", "pool.gpus3"]
-    assert queue_for("pool", 1) == "pool" and queue_for("pool", 4) == "pool.gpus4"
+    assert queue_for("pool", Resources()) == "pool" and queue_for("pool", Resources(gpus=4)) == "pool.gpus4"
+    assert queue_for("pool", Resources(nodes=2, gpus_per_node=4)) == "pool.ray"
+    assert queues_served("pool", 2, ray=True) == ["pool", "pool.gpus2", "pool.ray"]
     settings = Settings(job_queue="pool", worker_gpus=2)
     assert launch.worker_queues(settings) == ["pool", "pool.gpus2"]
 

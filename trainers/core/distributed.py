@@ -90,14 +90,15 @@ def local_device() -> torch.device:
     return torch.device("cpu")
 
 
-def init_from_env(*, timeout_seconds: float, strategy: str = "ddp") -> None:
-    """Join the process group the launcher set up (no-op for a single process or if already joined)."""
+def init_from_env(*, timeout_seconds: float, strategy: str = "ddp") -> bool:
+    """Join the process group the launcher set up; True if this call joined it (False for a single
+    process, or a group joined before: Ray Train joins it before it calls the training function)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
     global _strategy
     _strategy = strategy
     if launched_ranks() <= 1 or dist.is_initialized():
-        return
+        return False
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -105,6 +106,7 @@ def init_from_env(*, timeout_seconds: float, strategy: str = "ddp") -> None:
         backend="nccl" if device.type == "cuda" else "gloo",
         timeout=datetime.timedelta(seconds=timeout_seconds),
     )
+    return True
 
 
 def shutdown() -> None:
