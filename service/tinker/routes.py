@@ -300,6 +300,12 @@ async def create_sampling_session(
     return {"type": "create_sampling_session", "sampling_session_id": sampling_session_id}
 
 
+@router.get("/samplers/{sampling_session_id}")
+async def sampler(sampling_session_id: str, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
+    found = await guard(tinker.sampling_session(tenant.id, sampling_session_id))
+    return {"sampler_id": sampling_session_id, "base_model": found["base_model"], "model_path": found.get("model_path")}
+
+
 def _refuse_unserved(body: schemas.Sample) -> None:
     unserved = {
         "topk_prompt_logprobs": body.topk_prompt_logprobs,

@@ -70,8 +70,13 @@ def _client(server: Server, key: str) -> tinker.ServiceClient:
 
 
 @pytest.fixture(scope="module")
-def service(server: Server) -> tinker.ServiceClient:
-    return _client(server, new_key())
+def service_key() -> str:
+    return new_key()
+
+
+@pytest.fixture(scope="module")
+def service(server: Server, service_key: str) -> tinker.ServiceClient:
+    return _client(server, service_key)
 
 
 def _sft_datum(tokens: list[int]) -> types.Datum:
@@ -174,7 +179,7 @@ def test_sampling_through_saved_sampler_weights(service: tinker.ServiceClient) -
 
 def test_rl_step_with_importance_sampling(service: tinker.ServiceClient) -> None:
     training = service.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
-    sampler = training.save_weights_and_get_sampling_client("rl0").result()
+    sampler = training.save_weights_and_get_sampling_client().result()
     prompt = SEQUENCES[1][:4]
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=11)
     seqs = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=params).result().sequences
@@ -210,16 +215,21 @@ def test_rl_step_with_importance_sampling(service: tinker.ServiceClient) -> None
     assert math.isfinite(ppo.metrics["loss:sum"])
 
 
-def test_two_tenants_are_kept_apart(server: Server, service: tinker.ServiceClient) -> None:
+def test_two_tenants_are_kept_apart(server: Server, service: tinker.ServiceClient, service_key: str) -> None:
     mine = service.create_lora_training_client(base_model=BASE, rank=4).result()
     path = mine.save_state("mine").result().path
-    other = _client(server, new_key())
-    with pytest.raises(Exception, match="404|No training run"):
+    other_key = new_key()
+    other = _client(server, other_key)
+    with pytest.raises(tinker.NotFoundError, match="No training run"):
         other.create_training_client_from_state(path).result()
-    runs = other.create_rest_client().list_training_runs().result()
-    assert runs.training_runs == []
-    ids = [r.training_run_id for r in service.create_rest_client().list_training_runs(limit=100).result().training_runs]
-    assert mine.model_id in ids
+    rest = tinker.RestClient(base_url=server.url, api_key=f"tml-{other_key}")
+    assert rest.list_training_runs().result().training_runs == []
+    with pytest.raises(tinker.NotFoundError):
+        rest.list_checkpoints(mine.model_id).result()
+    mine_rest = tinker.RestClient(base_url=server.url, api_key=f"tml-{service_key}")
+    runs = mine_rest.list_training_runs(limit=100).result().training_runs
+    assert mine.model_id in [r.training_run_id for r in runs]
+    assert [c.tinker_path for c in mine_rest.list_checkpoints(mine.model_id).result().checkpoints] == [path]
     # raw HTTP: another tenant's training run is a 404, a key without tml- still authenticates, none is 401
     key = new_key()
     answer = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": mine.model_id}, headers={"X-API-Key": f"tml-{key}"})
