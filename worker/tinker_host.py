@@ -47,7 +47,9 @@ def _snapshot_name(path: str) -> str:
 
 
 class TinkerHost:
-    def __init__(self, settings: Settings, redis: Redis, blobs: BlobStore, host_id: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, redis: Redis, blobs: BlobStore, host_id: str | None = None
+    ) -> None:
         self.settings, self.redis, self.blobs = settings, redis, blobs
         self.host_id = host_id or f"tinkerhost-{os.getpid()}-{os.urandom(4).hex()}"
         self.bases: dict[str, AdapterHost] = {}  # resolved base path -> its host
@@ -76,11 +78,11 @@ class TinkerHost:
         log.info("tinker host %s ready", self.host_id)
         while not self.stopping.is_set():
             raw = self.redis.blmove(
-                channel.requests_key(self.host_id), channel.taken_key(self.host_id), 1.0, "RIGHT", "LEFT"
+                channel.requests_key(self.host_id), channel.taken_key(self.host_id), 1, "RIGHT", "LEFT"
             )
             if raw is None:
                 continue
-            self.run_one(raw)
+            self.run_one(raw if isinstance(raw, bytes) else raw.encode())
         self.redis.delete(channel.host_key(self.host_id))
 
     def run_one(self, raw: bytes) -> None:
@@ -97,7 +99,7 @@ class TinkerHost:
             pipe.expire(channel.result_key(call.request_id), channel.RESULT_TTL_SECONDS)
             pipe.rpush(channel.done_key(call.request_id), b"1")
             pipe.expire(channel.done_key(call.request_id), channel.RESULT_TTL_SECONDS)
-            pipe.lrem(channel.taken_key(self.host_id), 1, raw)
+            pipe.lrem(channel.taken_key(self.host_id), 1, raw)  # type: ignore[arg-type]  # bytes are fine
             pipe.execute()
 
     def handle(self, call: Call) -> Result:
@@ -110,7 +112,9 @@ class TinkerHost:
     # --- helpers ------------------------------------------------------------------------------------
 
     def _base(self, tenant_id: str, name: str) -> tuple[str, AdapterHost]:
-        path = resolve_model_path(self.settings, self.blobs, tenant_id=tenant_id, name=name, param="base_model")
+        path = resolve_model_path(
+            self.settings, self.blobs, tenant_id=tenant_id, name=name, param="base_model"
+        )
         if path not in self.bases:
             self.bases[path] = AdapterHost(path)
         return path, self.bases[path]
@@ -145,20 +149,35 @@ class TinkerHost:
 
     # --- calls --------------------------------------------------------------------------------------
 
-    def op_create_model(self, tenant_id: str, *, model_id: str, base_model: str, spec: dict[str, Any]) -> Result:
+    def op_create_model(
+        self, tenant_id: str, *, model_id: str, base_model: str, spec: dict[str, Any]
+    ) -> Result:
         path, host = self._base(tenant_id, base_model)
         host.create(model_id, AdapterSpec(**spec))
         self.where[model_id] = path
         return Result.json({"type": "create_model", "model_id": model_id})
 
     def op_forward_backward(
-        self, tenant_id: str, *, model_id: str, loss_fn: str, config: dict[str, float], forward_only: bool, data: list[Any]
+        self,
+        tenant_id: str,
+        *,
+        model_id: str,
+        loss_fn: str,
+        config: dict[str, float],
+        forward_only: bool,
+        data: list[Any],
     ) -> Result:
         host = self._host_of(model_id)
         outputs, metrics = host.forward_backward(
-            model_id, [(tokens, inputs) for tokens, inputs in data], loss_fn=loss_fn, config=config, forward_only=forward_only
+            model_id,
+            [(tokens, inputs) for tokens, inputs in data],
+            loss_fn=loss_fn,
+            config=config,
+            forward_only=forward_only,
         )
-        self.redis.hset(model_key(model_id), mapping={"last_loss": metrics["loss:sum"], "last_call": time.time()})
+        self.redis.hset(
+            model_key(model_id), mapping={"last_loss": metrics["loss:sum"], "last_call": time.time()}
+        )
         return Result("proto", wire.write_forward_backward_output(outputs, metrics))
 
     def op_optim_step(self, tenant_id: str, *, model_id: str, adam: dict[str, float]) -> Result:
@@ -182,7 +201,9 @@ class TinkerHost:
         host.snapshot(snapshot, state["weights"], state["spec"])
         self.where[snapshot] = self.where[model_id]
         if sampling_session_id is not None:
-            return Result.json({"type": "save_weights_for_sampler", "sampling_session_id": sampling_session_id})
+            return Result.json(
+                {"type": "save_weights_for_sampler", "sampling_session_id": sampling_session_id}
+            )
         return Result.json({"type": "save_weights_for_sampler", "path": path})
 
     def op_load_weights(

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
+
+from redis.typing import EncodableT, FieldT
 
 PREFIX = "tunehouse:tinker:"
 HEARTBEAT_SECONDS = 1.0
@@ -67,12 +69,16 @@ class Call:
     args: dict[str, Any]
 
     def encode(self) -> str:
-        return json.dumps({"request_id": self.request_id, "op": self.op, "tenant_id": self.tenant_id, "args": self.args})
+        return json.dumps(
+            {"request_id": self.request_id, "op": self.op, "tenant_id": self.tenant_id, "args": self.args}
+        )
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Call:
         data = json.loads(raw)
-        return cls(request_id=data["request_id"], op=data["op"], tenant_id=data["tenant_id"], args=data["args"])
+        return cls(
+            request_id=data["request_id"], op=data["op"], tenant_id=data["tenant_id"], args=data["args"]
+        )
 
 
 @dataclass(frozen=True)
@@ -81,14 +87,20 @@ class Result:
     body: bytes
     category: str = "user"  # an error's: "user" (the call's fault) or "server"
 
-    def mapping(self) -> dict[str, bytes | str]:
+    def mapping(self) -> dict[FieldT, EncodableT]:
         return {"kind": self.kind, "body": self.body, "category": self.category}
 
     @classmethod
-    def from_mapping(cls, data: dict[bytes, bytes]) -> Result:
+    def from_mapping(cls, data: dict[Any, Any]) -> Result:
+        """From the hash as redis-py reads it (bytes keys and values)."""
         kind = data[b"kind"].decode()
-        assert kind in ("json", "proto", "error")
-        return cls(kind=kind, body=data[b"body"], category=data.get(b"category", b"user").decode())  # type: ignore[arg-type]
+        if kind not in ("json", "proto", "error"):
+            raise ValueError(f"unknown result kind {kind!r}")
+        return cls(
+            kind=cast(ResultKind, kind),
+            body=bytes(data[b"body"]),
+            category=data.get(b"category", b"user").decode(),
+        )
 
     @classmethod
     def json(cls, value: dict[str, Any]) -> Result:

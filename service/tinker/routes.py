@@ -78,7 +78,8 @@ async def capabilities(settings: SettingsDep, _tenant: TenantDep) -> dict[str, A
     """The base models a training client may start from (`ft:` models of the tenant are accepted too)."""
     return {
         "supported_models": [
-            {"model_name": entry.id, "trainable": True, "sampleable": True} for entry in list_base_models(settings)
+            {"model_name": entry.id, "trainable": True, "sampleable": True}
+            for entry in list_base_models(settings)
         ]
     }
 
@@ -112,7 +113,11 @@ async def session_heartbeat(body: schemas.SessionRef, tenant: TenantDep, tinker:
 def _check_base(session: Session, tenant_id: str, name: str, param: str) -> None:
     weights = find_model_weights(session, get_settings(), tenant_id=tenant_id, name=name)
     if weights is None:
-        raise BadRequest(f"{param}: no model '{name}' to train from in this organization", param=param, code="model_not_found")
+        raise BadRequest(
+            f"{param}: no model '{name}' to train from in this organization",
+            param=param,
+            code="model_not_found",
+        )
     if weights.reward_model:
         raise BadRequest(f"{param}: '{name}' is a reward model, not a language model", param=param)
     session.commit()
@@ -160,7 +165,9 @@ async def get_info(body: schemas.ModelRef, tenant: TenantDep, tinker: TinkerDep)
 
 async def _proto_body(request: Request) -> bytes:
     if request.headers.get("content-encoding", "identity") not in ("identity", ""):
-        raise BadRequest("Content-Encoding: compressed bodies are not read here; send them plain", param="body")
+        raise BadRequest(
+            "Content-Encoding: compressed bodies are not read here; send them plain", param="body"
+        )
     return await request.body()
 
 
@@ -245,7 +252,9 @@ async def save_weights_for_sampler(
                 tenant.id, session_id=run["session_id"], base_model=None, model_path=path, host=host
             )
         )
-    request_id = await guard(tinker.send(host, "save_weights_for_sampler", tenant.id, args, model_id=body.model_id))
+    request_id = await guard(
+        tinker.send(host, "save_weights_for_sampler", tenant.id, args, model_id=body.model_id)
+    )
     return _future(request_id, body.model_id)
 
 
@@ -256,9 +265,16 @@ async def load_weights(
     """load_state into a client, or (with `session_id`) a new client made from a saved state."""
     path = TinkerPath.parse(body.path, param="path")
     if path.kind != "weights":
-        raise BadRequest("path: load a saved state (tinker://<run>/weights/<name>), not sampler weights", param="path")
+        raise BadRequest(
+            "path: load a saved state (tinker://<run>/weights/<name>), not sampler weights", param="path"
+        )
     source = await guard(tinker.model(tenant.id, path.model_id, param="path"))
-    args: dict[str, Any] = {"path": body.path, "source": path.model_id, "name": path.name, "optimizer": body.optimizer}
+    args: dict[str, Any] = {
+        "path": body.path,
+        "source": path.model_id,
+        "name": path.name,
+        "optimizer": body.optimizer,
+    }
     if body.model_id is not None:
         host = await guard(tinker.host_of(tenant.id, body.model_id))
         args["model_id"] = body.model_id
@@ -303,7 +319,11 @@ async def create_sampling_session(
 @router.get("/samplers/{sampling_session_id}")
 async def sampler(sampling_session_id: str, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
     found = await guard(tinker.sampling_session(tenant.id, sampling_session_id))
-    return {"sampler_id": sampling_session_id, "base_model": found["base_model"], "model_path": found.get("model_path")}
+    return {
+        "sampler_id": sampling_session_id,
+        "base_model": found["base_model"],
+        "model_path": found.get("model_path"),
+    }
 
 
 def _refuse_unserved(body: schemas.Sample) -> None:
@@ -322,7 +342,9 @@ def _refuse_unserved(body: schemas.Sample) -> None:
 
 
 @router.post("/asample")
-async def asample(body: schemas.Sample, tenant: TenantDep, tinker: TinkerDep, settings: SettingsDep) -> dict[str, Any]:
+async def asample(
+    body: schemas.Sample, tenant: TenantDep, tinker: TinkerDep, settings: SettingsDep
+) -> dict[str, Any]:
     _refuse_unserved(body)
     tokens = [t for chunk in body.prompt.chunks for t in chunk.tokens]
     if not tokens:
@@ -330,7 +352,9 @@ async def asample(body: schemas.Sample, tenant: TenantDep, tinker: TinkerDep, se
     if body.sampling_session_id is not None:
         sampler = await guard(tinker.sampling_session(tenant.id, body.sampling_session_id))
     elif body.model_path is not None or body.base_model is not None:
-        raise BadRequest("sampling_session_id: sample through a sampling session", param="sampling_session_id")
+        raise BadRequest(
+            "sampling_session_id: sample through a sampling session", param="sampling_session_id"
+        )
     else:
         raise BadRequest("sampling_session_id: required", param="sampling_session_id")
     max_tokens = body.sampling_params.max_tokens or settings.inference_default_max_tokens
@@ -392,7 +416,10 @@ def _checkpoint(entry: dict[str, Any]) -> dict[str, Any]:
 async def _run(tinker: Tinker, tenant_id: str, run: dict[str, str], model_id: str) -> dict[str, Any]:
     spec = json.loads(run["spec"])
     checkpoints = await tinker.checkpoints(tenant_id, model_id)
-    last = {kind: next((c for c in reversed(checkpoints) if c["kind"] == kind), None) for kind in ("weights", "sampler_weights")}
+    last = {
+        kind: next((c for c in reversed(checkpoints) if c["kind"] == kind), None)
+        for kind in ("weights", "sampler_weights")
+    }
     return {
         "training_run_id": model_id,
         "base_model": run["base_model"],
@@ -407,7 +434,9 @@ async def _run(tinker: Tinker, tenant_id: str, run: dict[str, str], model_id: st
 
 
 @router.get("/training_runs")
-async def training_runs(tenant: TenantDep, tinker: TinkerDep, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+async def training_runs(
+    tenant: TenantDep, tinker: TinkerDep, limit: int = 20, offset: int = 0
+) -> dict[str, Any]:
     runs = await guard(tinker.runs(tenant.id))
     page = runs[offset : offset + max(limit, 0)]
     return {
@@ -419,7 +448,8 @@ async def training_runs(tenant: TenantDep, tinker: TinkerDep, limit: int = 20, o
 @router.get("/training_runs/{model_id}")
 async def training_run(model_id: str, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
     run = await guard(tinker.model(tenant.id, model_id))
-    return await guard(_run(tinker, tenant.id, run, model_id))
+    described: dict[str, Any] = await guard(_run(tinker, tenant.id, run, model_id))
+    return described
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
@@ -454,11 +484,14 @@ UNSUPPORTED = [
 def _unsupported(what: str) -> Any:
     async def refuse(_tenant: TenantDep) -> None:
         raise BadRequest(
-            f"{what} is not supported by tunehouse's Tinker API (see docs/tinker.md)", code="tinker_unsupported"
+            f"{what} is not supported by tunehouse's Tinker API (see docs/tinker.md)",
+            code="tinker_unsupported",
         )
 
     return refuse
 
 
 for _method, _path, _what in UNSUPPORTED:
-    router.add_api_route(_path, _unsupported(_what), methods=[_method], include_in_schema=True, responses=error_responses(400))
+    router.add_api_route(
+        _path, _unsupported(_what), methods=[_method], include_in_schema=True, responses=error_responses(400)
+    )

@@ -19,6 +19,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from service.errors import AppError, BadRequest, Conflict, NotFound, ServiceUnavailable
 from service.ids import new_id
@@ -88,8 +89,13 @@ class TinkerPath:
         return cls(*parts)
 
 
-def _text(value: bytes | None) -> str:
-    return value.decode() if value is not None else ""
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _strs(raw: dict[Any, Any]) -> dict[str, str]:
+    """A Redis hash as text (redis-py answers bytes; its types allow str too)."""
+    return {_str(k): _str(v) for k, v in raw.items()}
 
 
 class Tinker:
@@ -108,7 +114,9 @@ class Tinker:
     async def create_session(self, tenant_id: str, metadata: dict[str, Any]) -> str:
         session_id = new_id("tsession")
         key = _session_key(session_id)
-        await self.redis.hset(key, mapping={"tenant_id": tenant_id, "created": time.time(), "heartbeat": time.time()})
+        await self.redis.hset(
+            key, mapping={"tenant_id": tenant_id, "created": time.time(), "heartbeat": time.time()}
+        )
         await self.redis.expire(key, SESSION_TTL_SECONDS)
         return session_id
 
@@ -120,7 +128,7 @@ class Tinker:
 
     async def _session(self, tenant_id: str, session_id: str) -> None:
         owner = await self.redis.hget(_session_key(session_id), "tenant_id")
-        if owner is None or owner.decode() != tenant_id:
+        if owner is None or _str(owner) != tenant_id:
             raise NotFound(f"No session '{session_id}'", param="session_id", code="session_not_found")
 
     # --- hosts ------------------------------------------------------------------------------------------
@@ -130,11 +138,12 @@ class Tinker:
 
     async def pick_host(self) -> str:
         """The live host with the fewest training clients: new adapters spread over the hosts."""
-        hosts = [h.decode() for h in await self.redis.smembers(channel.HOSTS)]
+        hosts = [_str(h) for h in await self.redis.smembers(channel.HOSTS)]
         alive = [h for h in hosts if await self._alive(h)]
         if not alive:
             raise ServiceUnavailable(
-                "No Tinker worker is running (start one: `tunehouse worker --tinker`).", code="tinker_no_worker"
+                "No Tinker worker is running (start one: `tunehouse worker --tinker`).",
+                code="tinker_no_worker",
             )
         counts = [await self.redis.scard(f"{PREFIX}host_models:{h}") for h in alive]
         return min(zip(counts, alive, strict=True))[1]
@@ -143,10 +152,10 @@ class Tinker:
 
     async def model(self, tenant_id: str, model_id: str, *, param: str = "model_id") -> dict[str, str]:
         """A training run of this tenant (404 otherwise, another tenant's included)."""
-        raw = await self.redis.hgetall(model_key(model_id))
-        if not raw or raw.get(b"tenant_id", b"").decode() != tenant_id:
+        run = _strs(await self.redis.hgetall(model_key(model_id)))
+        if run.get("tenant_id") != tenant_id:
             raise NotFound(f"No training run '{model_id}'", param=param, code="model_not_found")
-        return {k.decode(): v.decode() for k, v in raw.items()} | {"id": model_id}
+        return run | {"id": model_id}
 
     async def register_model(
         self,
@@ -165,7 +174,9 @@ class Tinker:
         model_id = f"{session_id}:train:{model_seq_id}"
         created = await self.redis.hsetnx(model_key(model_id), "tenant_id", tenant_id)
         if not created:
-            raise Conflict(f"model_seq_id: client {model_seq_id} of this session exists", param="model_seq_id")
+            raise Conflict(
+                f"model_seq_id: client {model_seq_id} of this session exists", param="model_seq_id"
+            )
         await self.redis.hset(
             model_key(model_id),
             mapping={
@@ -193,7 +204,9 @@ class Tinker:
 
     # --- calls ------------------------------------------------------------------------------------------
 
-    async def send(self, host: str, op: str, tenant_id: str, args: dict[str, Any], *, model_id: str | None = None) -> str:
+    async def send(
+        self, host: str, op: str, tenant_id: str, args: dict[str, Any], *, model_id: str | None = None
+    ) -> str:
         """Queue one call on `host`; its request id, for `retrieve_future`."""
         request_id = f"treq-{secrets.token_hex(12)}"
         call = Call(request_id=request_id, op=op, tenant_id=tenant_id, args=args)
@@ -209,10 +222,10 @@ class Tinker:
 
     async def retrieve(self, tenant_id: str, request_id: str) -> Result | None:
         """The call's result, waiting up to WAIT_SECONDS; None: not done yet (the SDK asks again)."""
-        owner = await self.redis.hgetall(channel.owner_key(request_id))
-        if not owner or owner[b"tenant_id"].decode() != tenant_id:
+        owner = _strs(await self.redis.hgetall(channel.owner_key(request_id)))
+        if owner.get("tenant_id") != tenant_id:
             raise NotFound(f"No request '{request_id}'", param="request_id", code="request_not_found")
-        host = owner[b"host"].decode()
+        host = owner["host"]
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
             found = await self.redis.hgetall(channel.result_key(request_id))
@@ -234,10 +247,16 @@ class Tinker:
     # --- sampling sessions ------------------------------------------------------------------------------
 
     async def create_sampling_session(
-        self, tenant_id: str, *, session_id: str, base_model: str | None, model_path: str | None, host: str | None = None
+        self,
+        tenant_id: str,
+        *,
+        session_id: str,
+        base_model: str | None,
+        model_path: str | None,
+        host: str | None = None,
     ) -> str:
         await self._session(tenant_id, session_id)
-        mapping: dict[str, str] = {"tenant_id": tenant_id}
+        mapping: dict[FieldT, EncodableT] = {"tenant_id": tenant_id}
         if model_path is not None:
             path = TinkerPath.parse(model_path, param="model_path")
             run = await self.model(tenant_id, path.model_id, param="model_path")
@@ -253,12 +272,11 @@ class Tinker:
         return sampling_session_id
 
     async def sampling_session(self, tenant_id: str, sampling_session_id: str) -> dict[str, str]:
-        raw = await self.redis.hgetall(_sampling_key(sampling_session_id))
-        if not raw or raw[b"tenant_id"].decode() != tenant_id:
+        session = _strs(await self.redis.hgetall(_sampling_key(sampling_session_id)))
+        if session.get("tenant_id") != tenant_id:
             raise NotFound(
                 f"No sampling session '{sampling_session_id}'", param="sampling_session_id", code="not_found"
             )
-        session = {k.decode(): v.decode() for k, v in raw.items()}
         if not await self._alive(session["host"]):  # sampling holds no state: any live host will do
             session["host"] = await self.pick_host()
             await self.redis.hset(_sampling_key(sampling_session_id), "host", session["host"])
@@ -267,7 +285,7 @@ class Tinker:
     # --- listings ---------------------------------------------------------------------------------------
 
     async def runs(self, tenant_id: str) -> list[dict[str, str]]:
-        ids = sorted((m.decode() for m in await self.redis.smembers(tenant_models_key(tenant_id))), reverse=True)
+        ids = sorted((_str(m) for m in await self.redis.smembers(tenant_models_key(tenant_id))), reverse=True)
         return [await self.model(tenant_id, model_id) for model_id in ids]
 
     async def checkpoints(self, tenant_id: str, model_id: str) -> list[dict[str, Any]]:
@@ -283,4 +301,6 @@ async def guard(call: Any) -> Any:
     except AppError:
         raise
     except (RedisError, OSError) as exc:
-        raise ServiceUnavailable(f"Redis is unavailable ({type(exc).__name__})", code="redis_unavailable") from exc
+        raise ServiceUnavailable(
+            f"Redis is unavailable ({type(exc).__name__})", code="redis_unavailable"
+        ) from exc

@@ -107,7 +107,7 @@ def _tensor(buf: bytes) -> list[float] | list[int]:
 
 
 def _map_entry(buf: bytes) -> tuple[str, bytes | int]:
-    key, entry_value = "", b""
+    key = ""
     value: bytes | int = b""
     for number, entry_value in fields(buf):
         if number == 1:

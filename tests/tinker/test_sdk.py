@@ -118,7 +118,9 @@ def test_supervised_loop_loss_falls(service: tinker.ServiceClient) -> None:
         opt.result()
         losses.append(_mean_nll(out, data))
         # the server's loss:sum is the same sum the client computes from the returned log-probs
-        assert out.metrics["loss:sum"] == pytest.approx(losses[-1] * sum(len(s) - 1 for s in SEQUENCES), rel=1e-4)
+        assert out.metrics["loss:sum"] == pytest.approx(
+            losses[-1] * sum(len(s) - 1 for s in SEQUENCES), rel=1e-4
+        )
     assert losses[-1] < 0.5 * losses[0], losses
 
 
@@ -164,17 +166,28 @@ def test_sampling_through_saved_sampler_weights(service: tinker.ServiceClient) -
         assert seq.stop_reason == ("length" if len(seq.tokens) == 6 else "stop")
         # the sampler's log-probs are the trained policy's: the training client scores them the same
         full = SEQUENCES[0][:4] + list(seq.tokens)
-        scored = training.forward([_sft_datum(full)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+        scored = (
+            training.forward([_sft_datum(full)], "cross_entropy")
+            .result()
+            .loss_fn_outputs[0]["logprobs"]
+            .tolist()
+        )
         assert scored[3:] == pytest.approx(list(seq.logprobs), abs=1e-4)
     # a stop token ends a sequence, kept as its last token
     first = response.sequences[0].tokens[0]
     stopped = sampler.sample(
-        prompt=prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=7, stop=[first])
+        prompt=prompt,
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=7, stop=[first]),
     ).result()
     assert stopped.sequences[0].tokens == [first] and stopped.sequences[0].stop_reason == "stop"
     # prompt log-probs: None for the first token, then one per prompt token
     scored_prompt = sampler.compute_logprobs(prompt).result()
-    assert scored_prompt[0] is None and len(scored_prompt) == 4 and all(v is not None and v < 0 for v in scored_prompt[1:])
+    assert (
+        scored_prompt[0] is None
+        and len(scored_prompt) == 4
+        and all(v is not None and v < 0 for v in scored_prompt[1:])
+    )
 
 
 def test_rl_step_with_importance_sampling(service: tinker.ServiceClient) -> None:
@@ -182,7 +195,11 @@ def test_rl_step_with_importance_sampling(service: tinker.ServiceClient) -> None
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = SEQUENCES[1][:4]
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=11)
-    seqs = sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=params).result().sequences
+    seqs = (
+        sampler.sample(prompt=types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=params)
+        .result()
+        .sequences
+    )
     rewards = [1.0 if i % 2 == 0 else -1.0 for i in range(len(seqs))]
     data = []
     for seq, advantage in zip(seqs, rewards, strict=True):
@@ -206,12 +223,16 @@ def test_rl_step_with_importance_sampling(service: tinker.ServiceClient) -> None
     before = sampled_logprob_sums()
     out = training.forward_backward(data, "importance_sampling").result()
     # at the sampling weights the ratio is 1: the loss is minus the sum of the advantages over tokens
-    assert out.metrics["loss:sum"] == pytest.approx(-sum(a * len(s.tokens) for a, s in zip(rewards, seqs, strict=True)), abs=1e-3)
+    assert out.metrics["loss:sum"] == pytest.approx(
+        -sum(a * len(s.tokens) for a, s in zip(rewards, seqs, strict=True)), abs=1e-3
+    )
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     after = sampled_logprob_sums()
     for advantage, b, a in zip(rewards, before, after, strict=True):
         assert (a > b) if advantage > 0 else (a < b), (rewards, before, after)
-    ppo = training.forward_backward(data, "ppo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}).result()
+    ppo = training.forward_backward(
+        data, "ppo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+    ).result()
     assert math.isfinite(ppo.metrics["loss:sum"])
 
 
@@ -232,7 +253,9 @@ def test_two_tenants_are_kept_apart(server: Server, service: tinker.ServiceClien
     assert [c.tinker_path for c in mine_rest.list_checkpoints(mine.model_id).result().checkpoints] == [path]
     # raw HTTP: another tenant's training run is a 404, a key without tml- still authenticates, none is 401
     key = new_key()
-    answer = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": mine.model_id}, headers={"X-API-Key": f"tml-{key}"})
+    answer = httpx.post(
+        f"{server.url}/api/v1/get_info", json={"model_id": mine.model_id}, headers={"X-API-Key": f"tml-{key}"}
+    )
     assert answer.status_code == 404 and answer.json()["error"]["param"] == "model_id"
     assert httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": "x"}).status_code == 401
 
@@ -246,7 +269,9 @@ def test_unsupported_parts_answer_clearly(server: Server, service: tinker.Servic
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "tinker_unsupported"
 
 
-def test_killed_worker_fails_inflight_calls_and_loses_unsaved_state(server: Server, service: tinker.ServiceClient) -> None:
+def test_killed_worker_fails_inflight_calls_and_loses_unsaved_state(
+    server: Server, service: tinker.ServiceClient
+) -> None:
     training = service.create_lora_training_client(base_model=BASE, rank=4, seed=4).result()
     data = [_sft_datum(SEQUENCES[2])]
     training.forward_backward(data, "cross_entropy").result()

@@ -103,7 +103,7 @@ class AdapterHost:
             # peft reads `model.is_gradient_checkpointing`, which transformers 5 deprecates
             warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing", category=FutureWarning)
             if self.model is None:
-                model = get_peft_model(self.base, config, adapter_name=name)  # type: ignore[arg-type]
+                model = get_peft_model(self.base, config, adapter_name=name)
                 assert isinstance(model, PeftModel)
                 self.model = model
             else:
@@ -146,7 +146,9 @@ class AdapterHost:
 
     # --- training -------------------------------------------------------------------------------------
 
-    def _logprobs(self, model: torch.nn.Module, tokens: list[list[int]], targets: list[list[int]]) -> list[torch.Tensor]:
+    def _logprobs(
+        self, model: torch.nn.Module, tokens: list[list[int]], targets: list[list[int]]
+    ) -> list[torch.Tensor]:
         """Per datum [T]: log p(target_t | tokens_≤t), one padded batch through the model."""
         width = max(len(t) for t in tokens)
         ids = torch.zeros((len(tokens), width), dtype=torch.long, device=self.device)
@@ -195,7 +197,7 @@ class AdapterHost:
             logprobs = self._logprobs(model, tokens, targets)
             total = torch.stack([fn(lp, inp, config) for lp, inp in zip(logprobs, inputs, strict=True)]).sum()
             if not forward_only:
-                total.backward()
+                total.backward()  # type: ignore[no-untyped-call]
         outputs = [{"logprobs": lp.detach().cpu().tolist()} for lp in logprobs]
         return outputs, {"loss:sum": float(total.detach())}
 
@@ -203,7 +205,10 @@ class AdapterHost:
         adapter = self._adapter(name)
         for group in adapter.optimizer.param_groups:
             group.update(
-                lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay
+                lr=adam.learning_rate,
+                betas=(adam.beta1, adam.beta2),
+                eps=adam.eps,
+                weight_decay=adam.weight_decay,
             )
         metrics: dict[str, float] = {}
         if adam.grad_clip_norm > 0:
@@ -220,12 +225,18 @@ class AdapterHost:
         """The adapter's weights, under names free of the adapter's own name (peft's file layout)."""
         return {
             k: v.detach().clone()
-            for k, v in get_peft_model_state_dict(self._peft(), adapter_name=name, save_embedding_layers=False).items()
+            for k, v in get_peft_model_state_dict(
+                self._peft(), adapter_name=name, save_embedding_layers=False
+            ).items()
         }
 
     def state(self, name: str, *, optimizer: bool = True) -> dict[str, Any]:
         adapter = self._adapter(name)
-        out: dict[str, Any] = {"spec": adapter.spec.__dict__, "weights": self.weights(name), "steps": adapter.steps}
+        out: dict[str, Any] = {
+            "spec": adapter.spec.__dict__,
+            "weights": self.weights(name),
+            "steps": adapter.steps,
+        }
         if optimizer:
             out["optimizer"] = copy.deepcopy(adapter.optimizer.state_dict())
         return out
@@ -278,18 +289,40 @@ class AdapterHost:
             raise HostError("prompt: at least one token")
         if adapter is None:
             if self.model is None:
-                return self._decode(self.base, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at)
+                return self._decode(
+                    self.base,
+                    prompt,
+                    num_samples,
+                    max_tokens,
+                    temperature,
+                    top_p,
+                    stop_tokens,
+                    seed,
+                    stops_at,
+                )
             with self.model.disable_adapter():
-                return self._decode(self.model, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at)
+                return self._decode(
+                    self.model,
+                    prompt,
+                    num_samples,
+                    max_tokens,
+                    temperature,
+                    top_p,
+                    stop_tokens,
+                    seed,
+                    stops_at,
+                )
         if adapter not in self.adapters and adapter not in self.snapshots:
             raise HostError(f"no weights '{adapter}' on this host")
         model = self._activate(adapter)
-        return self._decode(model, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at)
+        return self._decode(
+            model, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at
+        )
 
     @torch.no_grad()
     def prompt_logprobs(self, adapter: str | None, prompt: list[int]) -> list[float]:
         """log p(prompt_t | prompt_<t) for each position; NaN at position 0 (nothing precedes it)."""
-        targets = [prompt[1:] + [0]]
+        targets = [[*prompt[1:], 0]]
         if adapter is None and self.model is not None:
             with self.model.disable_adapter():
                 scored = self._logprobs(self.model, [prompt], targets)[0]

@@ -47,7 +47,11 @@ def ppo(logprobs: torch.Tensor, inputs: LossInputs, config: LossConfig) -> torch
 
 
 LossFn = Callable[[torch.Tensor, LossInputs, LossConfig], torch.Tensor]
-_FUNCTIONS: dict[str, LossFn] = {"cross_entropy": cross_entropy, "importance_sampling": importance_sampling, "ppo": ppo}
+_FUNCTIONS: dict[str, LossFn] = {
+    "cross_entropy": cross_entropy,
+    "importance_sampling": importance_sampling,
+    "ppo": ppo,
+}
 # each loss and the `loss_fn_inputs` it reads besides `target_tokens` (declared in trainers/formats.py)
 LOSSES: dict[str, tuple[LossFn, tuple[str, ...]]] = {
     name: (_FUNCTIONS[name], inputs) for name, inputs in PRIMITIVE_LOSS_INPUTS.items()
