@@ -57,7 +57,9 @@ def _start_host(env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    env = {**os.environ, "TINKER_TELEMETRY": "0"}
+    # one torch thread in the host: the tiny model's matrices are too small to share out, and on a busy
+    # 2-core machine two OpenMP threads waiting on each other made each call about 30 times slower
+    env = {**os.environ, "TINKER_TELEMETRY": "0", "OMP_NUM_THREADS": "1"}
     url, api = start_server({})
     state = Server(url=url, env=env, host=_start_host(env))
     yield state
