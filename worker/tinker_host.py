@@ -87,6 +87,7 @@ class TinkerHost:
 
     def run_one(self, raw: bytes) -> None:
         call = Call.decode(raw)
+        started = time.perf_counter()
         try:
             result = self.handle(call)
         except (HostError, ModelNotAvailable) as exc:
@@ -94,8 +95,10 @@ class TinkerHost:
         except Exception as exc:  # a bug or an OOM: the call fails, the host goes on
             log.exception("tinker call %s (%s) failed", call.request_id, call.op)
             result = Result.error(f"{type(exc).__name__}: {exc}", "server")
+        # the call's own time on this host, for the overhead benchmark (bench/test_tinker_overhead.py)
+        mapping = result.mapping() | {"compute_s": time.perf_counter() - started}
         with self.redis.pipeline() as pipe:
-            pipe.hset(channel.result_key(call.request_id), mapping=result.mapping())
+            pipe.hset(channel.result_key(call.request_id), mapping=mapping)
             pipe.expire(channel.result_key(call.request_id), channel.RESULT_TTL_SECONDS)
             pipe.rpush(channel.done_key(call.request_id), b"1")
             pipe.expire(channel.done_key(call.request_id), channel.RESULT_TTL_SECONDS)

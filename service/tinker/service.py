@@ -221,17 +221,18 @@ class Tinker:
         return request_id
 
     async def retrieve(self, tenant_id: str, request_id: str) -> Result | None:
-        """The call's result, waiting up to WAIT_SECONDS; None: not done yet (the SDK asks again)."""
-        owner = _strs(await self.redis.hgetall(channel.owner_key(request_id)))
+        """The call's result, waiting up to WAIT_SECONDS; None: not done yet (the SDK asks again).
+        The owner and the result are read in one round trip: a call already done costs one."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(channel.owner_key(request_id))
+            pipe.hgetall(channel.result_key(request_id))
+            owner_raw, found = await pipe.execute()
+        owner = _strs(owner_raw)
         if owner.get("tenant_id") != tenant_id:
             raise NotFound(f"No request '{request_id}'", param="request_id", code="request_not_found")
-        host = owner["host"]
         deadline = time.monotonic() + WAIT_SECONDS
-        while True:
-            found = await self.redis.hgetall(channel.result_key(request_id))
-            if found:
-                return Result.from_mapping(found)
-            if not await self._alive(host):
+        while not found:
+            if not await self._alive(owner["host"]):
                 return Result.error(
                     "The Tinker worker running this call stopped before it finished; the training "
                     "client's state since its last save_state is lost.",
@@ -240,9 +241,11 @@ class Tinker:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            # the host pushes a token once the result is stored; wake at least each second to check
-            # that the host is still alive
+            # the host stores the result, then pushes a token here; wake at least each second to
+            # check that the host is still alive
             await self.redis.blpop([channel.done_key(request_id)], timeout=min(left, 1.0))
+            found = await self.redis.hgetall(channel.result_key(request_id))
+        return Result.from_mapping(found)
 
     # --- sampling sessions ------------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import _stop, new_key, start_server
+from tests.helpers import start_tinker_host
 
 tinker = pytest.importorskip("tinker")  # the dev extra pins it; importorskip only names it if missing
 from tinker import types  # noqa: E402
@@ -38,30 +38,13 @@ class Server:
     host: subprocess.Popen[bytes]
 
 
-def _start_host(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """A Tinker host process, once it has announced itself (its heartbeat key is in Redis)."""
-    import redis
-
-    from service.tinker.channel import host_key
-
-    proc = subprocess.Popen([sys.executable, "-m", "worker.tinker_host"], env=env)
-    client = redis.Redis.from_url(env["TUNEHOUSE_REDIS_URL"])
-    name = f"tinkerhost-{proc.pid}-*"
-    deadline = time.monotonic() + 60
-    while not list(client.scan_iter(host_key(name))):
-        assert proc.poll() is None and time.monotonic() < deadline, "the Tinker host did not start"
-        time.sleep(0.1)
-    client.close()
-    return proc
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     # one torch thread in the host: the tiny model's matrices are too small to share out, and on a busy
     # 2-core machine two OpenMP threads waiting on each other made each call about 30 times slower
     env = {**os.environ, "TINKER_TELEMETRY": "0", "OMP_NUM_THREADS": "1"}
     url, api = start_server({})
-    state = Server(url=url, env=env, host=_start_host(env))
+    state = Server(url=url, env=env, host=start_tinker_host(env))
     yield state
     _stop(state.host)
     _stop(api)
@@ -290,7 +273,7 @@ def test_killed_worker_fails_inflight_calls_and_loses_unsaved_state(
     with pytest.raises(tinker.RequestFailedError, match="stopped before it finished"):
         inflight.result(timeout=60)
     # the client is gone; a new host serves a client made from the last saved state
-    server.host = _start_host(server.env)
+    server.host = start_tinker_host(server.env)
     with pytest.raises(tinker.APIStatusError, match="create_training_client_from_state") as lost:
         training.forward(data, "cross_entropy").result()
     assert lost.value.status_code == 410
