@@ -3,7 +3,9 @@ them (trainers/families/adapter_host.py) and runs the calls the API queues for i
 order (service/tinker/channel.py says the way there and back).
 
 Run with `tunehouse worker --tinker` (needs TUNEHOUSE_REDIS_URL). What it keeps: one AdapterHost per
-base model, loaded on the first client of that base; every adapter in memory until the host stops.
+base model, loaded on the first client of that base; each client's adapter until the client has been
+idle `TUNEHOUSE_TINKER_IDLE_SECONDS` with no gradient pending, when it is saved to the blob store and
+freed, and restored exactly (weights, optimizer) by its next call.
 Saved states and sampler weights go to the blob store (`tinker/<tenant>/<run>/<kind>/<name>.pt`).
 
 When the host dies, its adapters' unsaved state is gone: the call it was running and those queued for
@@ -55,6 +57,8 @@ class TinkerHost:
         self.bases: dict[str, AdapterHost] = {}  # resolved base path -> its host
         self.tokenizers: dict[str, Any] = {}
         self.where: dict[str, str] = {}  # adapter (training run or snapshot) -> resolved base path
+        self.last_used: dict[str, tuple[float, str]] = {}  # training client -> (last call, its tenant)
+        self.evicted: dict[str, str] = {}  # training client saved and freed while idle -> its tenant
         self.stopping = threading.Event()
 
     # --- liveness -----------------------------------------------------------------------------------
@@ -80,9 +84,9 @@ class TinkerHost:
             raw = self.redis.blmove(
                 channel.requests_key(self.host_id), channel.taken_key(self.host_id), 1, "RIGHT", "LEFT"
             )
-            if raw is None:
-                continue
-            self.run_one(raw if isinstance(raw, bytes) else raw.encode())
+            if raw is not None:
+                self.run_one(raw if isinstance(raw, bytes) else raw.encode())
+            self.evict_idle(time.monotonic())
         self.redis.delete(channel.host_key(self.host_id))
 
     def run_one(self, raw: bytes) -> None:
@@ -109,8 +113,29 @@ class TinkerHost:
         op = getattr(self, f"op_{call.op}", None)
         if op is None:
             raise HostError(f"unknown call '{call.op}'")
+        model_id = call.args.get("model_id")
+        if model_id is not None:
+            self.last_used[model_id] = (time.monotonic(), call.tenant_id)
         result: Result = op(call.tenant_id, **call.args)
         return result
+
+    # --- idle clients -------------------------------------------------------------------------------
+
+    def evict_idle(self, now: float) -> None:
+        """Save and free each training client idle for `tinker_idle_seconds` with no gradient pending (a
+        forward_backward waiting for its optim_step keeps its client): `_host_of` restores it."""
+        for model_id, (used, tenant_id) in list(self.last_used.items()):
+            if now - used < self.settings.tinker_idle_seconds or model_id not in self.where:
+                continue
+            host = self.bases[self.where[model_id]]
+            if model_id not in host.adapters or host.has_pending_gradients(model_id):
+                continue
+            self._store(tenant_id, model_id, "evicted", "state", host.state(model_id), listed=False)
+            host.remove(model_id)
+            self.evicted[model_id] = tenant_id
+            del self.last_used[model_id]
+            self.redis.hset(model_key(model_id), "evicted_at", time.time())
+            log.info("training client %s idle: saved and freed", model_id)
 
     # --- helpers ------------------------------------------------------------------------------------
 
@@ -126,9 +151,23 @@ class TinkerHost:
         path = self.where.get(name)
         if path is None:
             raise HostError(f"training client '{name}' is not on this worker")
-        return self.bases[path]
+        host = self.bases[path]
+        if name in self.evicted:  # saved while idle: back as it was, optimizer included
+            tenant_id = self.evicted.pop(name)
+            host.load_state(name, self._stored(tenant_id, name, "evicted", "state"), optimizer=True)
+            self.redis.hdel(model_key(name), "evicted_at")
+        return host
 
-    def _store(self, tenant_id: str, model_id: str, kind: str, name: str, state: dict[str, Any]) -> str:
+    def _store(
+        self,
+        tenant_id: str,
+        model_id: str,
+        kind: str,
+        name: str,
+        state: dict[str, Any],
+        *,
+        listed: bool = True,
+    ) -> str:
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
@@ -136,8 +175,9 @@ class TinkerHost:
         with self.blobs.writer(key) as out:
             out.write(data)
         path = tinker_path(model_id, kind, name)
-        entry = {"kind": kind, "name": name, "path": path, "time": time.time(), "size_bytes": len(data)}
-        self.redis.hset(checkpoints_key(model_id), f"{kind}/{name}", json.dumps(entry))
+        if listed:  # a checkpoint of the run's listing (not an idle client's parking place)
+            entry = {"kind": kind, "name": name, "path": path, "time": time.time(), "size_bytes": len(data)}
+            self.redis.hset(checkpoints_key(model_id), f"{kind}/{name}", json.dumps(entry))
         return path
 
     def _stored(self, tenant_id: str, model_id: str, kind: str, name: str) -> dict[str, Any]:

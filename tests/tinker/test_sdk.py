@@ -42,7 +42,14 @@ class Server:
 def server() -> Iterator[Server]:
     # one torch thread in the host: the tiny model's matrices are too small to share out, and on a busy
     # 2-core machine two OpenMP threads waiting on each other made each call about 30 times slower
-    env = {**os.environ, "TINKER_TELEMETRY": "0", "OMP_NUM_THREADS": "1"}
+    # clients idle for 2 s are saved and freed (TUNEHOUSE_TINKER_IDLE_SECONDS), so the gaps between the
+    # tests' calls restore clients as well
+    env = {
+        **os.environ,
+        "TINKER_TELEMETRY": "0",
+        "OMP_NUM_THREADS": "1",
+        "TUNEHOUSE_TINKER_IDLE_SECONDS": "2",
+    }
     url, api = start_server({})
     state = Server(url=url, env=env, host=start_tinker_host(env))
     yield state
@@ -219,6 +226,38 @@ def test_rl_step_with_importance_sampling(service: tinker.ServiceClient) -> None
         data, "ppo", loss_fn_config={"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
     ).result()
     assert math.isfinite(ppo.metrics["loss:sum"])
+
+
+def test_an_idle_client_is_saved_freed_and_restored_as_it_was(
+    server: Server, service: tinker.ServiceClient
+) -> None:
+    import redis
+
+    from service.tinker.service import model_key
+
+    data = [_sft_datum(SEQUENCES[3])]
+    idle = service.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+    twin = service.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+    for client in (idle, twin):
+        step_then_forward_on(client, data)
+    pending = twin.forward_backward(data, "cross_entropy")  # a gradient waits: the twin stays
+    pending.result()
+    runs = redis.Redis.from_url(server.env["TUNEHOUSE_REDIS_URL"])
+    deadline = time.monotonic() + 30
+    while not runs.hexists(model_key(idle.model_id), "evicted_at"):
+        assert time.monotonic() < deadline, "the idle client was not saved and freed"
+        time.sleep(0.2)
+    assert not runs.hexists(model_key(twin.model_id), "evicted_at")
+    # the idle one comes back with its weights and Adam state: its next step is the twin's exactly
+    after_idle = step_then_forward_on(idle, data)
+    twin.optim_step(ADAM).result()
+    assert after_idle == [
+        v
+        for o in twin.forward(data, "cross_entropy").result().loss_fn_outputs
+        for v in o["logprobs"].tolist()
+    ]
+    assert not runs.hexists(model_key(idle.model_id), "evicted_at")
+    runs.close()
 
 
 def test_two_tenants_are_kept_apart(server: Server, service: tinker.ServiceClient, service_key: str) -> None:

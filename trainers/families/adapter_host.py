@@ -97,6 +97,8 @@ class AdapterHost:
             lora_dropout=0.0,
             target_modules=spec.modules(),
         )
+        if self.model is not None and name in self.model.peft_config:
+            return  # the last adapter removed stays in peft (remove says why): reused, its weights to be set
         if spec.seed is not None:
             torch.manual_seed(spec.seed)
         with warnings.catch_warnings():
@@ -129,6 +131,10 @@ class AdapterHost:
         # peft cannot delete its last adapter: that one stays loaded, unused, until another is added
         if self.model is not None and name in self.model.peft_config and len(self.model.peft_config) > 1:
             self.model.delete_adapter(name)
+
+    def has_pending_gradients(self, name: str) -> bool:
+        """Whether a forward_backward of this adapter waits for its optim_step."""
+        return any(p.grad is not None for p in self._adapter(name).params)
 
     def _adapter(self, name: str) -> _Adapter:
         found = self.adapters.get(name)
