@@ -30,7 +30,7 @@ import httpx
 import pytest
 import redis
 
-from service.tinker.channel import result_key
+from service.tinker import channel
 from tests.conftest import WORKER_BROKER, _stop, new_key, start_server
 from tests.helpers import start_tinker_host, upload_ok
 
@@ -107,7 +107,9 @@ def _overhead(url: str, key: str, training: tinker.TrainingClient) -> None:
             wall = time.perf_counter() - start
             if i >= 5:  # warm-up: the first calls load the model's code paths
                 walls.append(wall)
-                computes.append(float(results.hget(result_key(future["request_id"]), "compute_s") or 0))
+                computes.append(
+                    float(results.hget(channel.key("result", future["request_id"]), "compute_s") or 0)
+                )
     overheads = sorted((w - c) * 1000 for w, c in zip(walls, computes, strict=True))
     sdk_walls = []
     for _ in range(CALLS // 2):

@@ -225,12 +225,12 @@ def start_tinker_host(env: dict[str, str]) -> subprocess.Popen[bytes]:
     """A Tinker host process (worker/tinker_host.py), once it has announced itself in Redis."""
     import redis
 
-    from service.tinker.channel import host_key
+    from service.tinker.channel import key
 
     proc = subprocess.Popen([sys.executable, "-m", "worker.tinker_host"], env=env)
     client = redis.Redis.from_url(env["TUNEHOUSE_REDIS_URL"])
     deadline = time.monotonic() + 120
-    while not list(client.scan_iter(host_key(f"tinkerhost-{proc.pid}-*"))):
+    while not list(client.scan_iter(key("host", f"tinkerhost-{proc.pid}-*"))):
         assert proc.poll() is None and time.monotonic() < deadline, "the Tinker host did not start"
         time.sleep(0.1)
     client.close()

@@ -31,8 +31,8 @@ from redis import Redis
 from service.config import Settings, get_settings
 from service.storage import BlobStore, get_blob_store
 from service.tinker import channel, wire
-from service.tinker.channel import Call, Result
-from service.tinker.service import checkpoints_key, model_key, tinker_path
+from service.tinker.channel import Call, Result, key
+from service.tinker.service import tinker_path
 from trainers.families.adapter_host import Adam, AdapterHost, AdapterSpec, HostError
 from worker.models import ModelNotAvailable, resolve_model_path
 
@@ -64,7 +64,7 @@ class TinkerHost:
     # --- liveness -----------------------------------------------------------------------------------
 
     def announce(self) -> None:
-        self.redis.set(channel.host_key(self.host_id), str(time.time()), ex=channel.HOST_TTL_SECONDS)
+        self.redis.set(channel.key("host", self.host_id), str(time.time()), ex=channel.HOST_TTL_SECONDS)
         self.redis.sadd(channel.HOSTS, self.host_id)
 
     def _heartbeat(self) -> None:
@@ -82,12 +82,12 @@ class TinkerHost:
         log.info("tinker host %s ready", self.host_id)
         while not self.stopping.is_set():
             raw = self.redis.blmove(
-                channel.requests_key(self.host_id), channel.taken_key(self.host_id), 1, "RIGHT", "LEFT"
+                channel.key("requests", self.host_id), channel.key("taken", self.host_id), 1, "RIGHT", "LEFT"
             )
             if raw is not None:
                 self.run_one(raw if isinstance(raw, bytes) else raw.encode())
             self.evict_idle(time.monotonic())
-        self.redis.delete(channel.host_key(self.host_id))
+        self.redis.delete(channel.key("host", self.host_id))
 
     def run_one(self, raw: bytes) -> None:
         call = Call.decode(raw)
@@ -102,11 +102,11 @@ class TinkerHost:
         # the call's own time on this host, for the overhead benchmark (bench/test_tinker_overhead.py)
         mapping = result.mapping() | {"compute_s": time.perf_counter() - started}
         with self.redis.pipeline() as pipe:
-            pipe.hset(channel.result_key(call.request_id), mapping=mapping)
-            pipe.expire(channel.result_key(call.request_id), channel.RESULT_TTL_SECONDS)
-            pipe.rpush(channel.done_key(call.request_id), b"1")
-            pipe.expire(channel.done_key(call.request_id), channel.RESULT_TTL_SECONDS)
-            pipe.lrem(channel.taken_key(self.host_id), 1, raw)  # type: ignore[arg-type]  # bytes are fine
+            pipe.hset(channel.key("result", call.request_id), mapping=mapping)
+            pipe.expire(channel.key("result", call.request_id), channel.RESULT_TTL_SECONDS)
+            pipe.rpush(channel.key("done", call.request_id), b"1")
+            pipe.expire(channel.key("done", call.request_id), channel.RESULT_TTL_SECONDS)
+            pipe.lrem(channel.key("taken", self.host_id), 1, raw)  # type: ignore[arg-type]  # bytes are fine
             pipe.execute()
 
     def handle(self, call: Call) -> Result:
@@ -134,7 +134,7 @@ class TinkerHost:
             host.remove(model_id)
             self.evicted[model_id] = tenant_id
             del self.last_used[model_id]
-            self.redis.hset(model_key(model_id), "evicted_at", time.time())
+            self.redis.hset(key("model", model_id), "evicted_at", time.time())
             log.info("training client %s idle: saved and freed", model_id)
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -155,7 +155,7 @@ class TinkerHost:
         if name in self.evicted:  # saved while idle: back as it was, optimizer included
             tenant_id = self.evicted.pop(name)
             host.load_state(name, self._stored(tenant_id, name, "evicted", "state"), optimizer=True)
-            self.redis.hdel(model_key(name), "evicted_at")
+            self.redis.hdel(key("model", name), "evicted_at")
         return host
 
     def _store(
@@ -171,19 +171,17 @@ class TinkerHost:
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
-        key = _blob_key(tenant_id, model_id, kind, name)
-        with self.blobs.writer(key) as out:
+        with self.blobs.writer(_blob_key(tenant_id, model_id, kind, name)) as out:
             out.write(data)
         path = tinker_path(model_id, kind, name)
         if listed:  # a checkpoint of the run's listing (not an idle client's parking place)
             entry = {"kind": kind, "name": name, "path": path, "time": time.time(), "size_bytes": len(data)}
-            self.redis.hset(checkpoints_key(model_id), f"{kind}/{name}", json.dumps(entry))
+            self.redis.hset(key("checkpoints", model_id), f"{kind}/{name}", json.dumps(entry))
         return path
 
     def _stored(self, tenant_id: str, model_id: str, kind: str, name: str) -> dict[str, Any]:
-        key = _blob_key(tenant_id, model_id, kind, name)
         try:
-            with self.blobs.open(key) as fh:
+            with self.blobs.open(_blob_key(tenant_id, model_id, kind, name)) as fh:
                 data = fh.read()
         except FileNotFoundError as exc:
             raise HostError(f"no checkpoint {tinker_path(model_id, kind, name)}") from exc
@@ -219,13 +217,13 @@ class TinkerHost:
             forward_only=forward_only,
         )
         self.redis.hset(
-            model_key(model_id), mapping={"last_loss": metrics["loss:sum"], "last_call": time.time()}
+            key("model", model_id), mapping={"last_loss": metrics["loss:sum"], "last_call": time.time()}
         )
         return Result("proto", wire.write_forward_backward_output(outputs, metrics))
 
     def op_optim_step(self, tenant_id: str, *, model_id: str, adam: dict[str, float]) -> Result:
         metrics = self._host_of(model_id).optim_step(model_id, Adam(**adam))
-        self.redis.hincrby(model_key(model_id), "steps", 1)
+        self.redis.hincrby(key("model", model_id), "steps", 1)
         return Result.json({"type": "optim_step", "metrics": metrics})
 
     def op_save_weights(self, tenant_id: str, *, model_id: str, name: str | None) -> Result:

@@ -31,32 +31,14 @@ REQUEST_TTL_SECONDS = 86400
 ResultKind = Literal["json", "proto", "error"]
 
 
-def host_key(host: str) -> str:
-    return f"{PREFIX}host:{host}"
+HOSTS = f"{PREFIX}hosts"  # set of the host ids that ever announced themselves
 
 
-HOSTS = f"{PREFIX}hosts"  # set of the host ids that ever announced themselves (dead ones pruned)
-
-
-def requests_key(host: str) -> str:
-    return f"{PREFIX}requests:{host}"
-
-
-def taken_key(host: str) -> str:
-    return f"{PREFIX}taken:{host}"
-
-
-def result_key(request_id: str) -> str:
-    return f"{PREFIX}result:{request_id}"
-
-
-def done_key(request_id: str) -> str:
-    return f"{PREFIX}done:{request_id}"
-
-
-def owner_key(request_id: str) -> str:
-    """Which host a request was sent to, and the tenant it belongs to."""
-    return f"{PREFIX}request:{request_id}"
+def key(kind: str, name: str) -> str:
+    """The Redis key of one object: `host`, `requests`, `taken` (of a host); `request` (a call's host and
+    tenant), `result`, `done` (of a call); `session`, `model` (a training run), `models` (a tenant's
+    runs), `host_models`, `checkpoints` (a run's listing), `sampling` (a sampling session)."""
+    return f"{PREFIX}{kind}:{name}"
 
 
 @dataclass(frozen=True)

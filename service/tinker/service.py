@@ -24,7 +24,7 @@ from redis.typing import EncodableT, FieldT
 from service.errors import AppError, BadRequest, Conflict, NotFound, ServiceUnavailable
 from service.ids import new_id
 from service.tinker import channel
-from service.tinker.channel import PREFIX, Call, Result
+from service.tinker.channel import Call, Result, key
 
 SESSION_TTL_SECONDS = 7 * 86400
 WAIT_SECONDS = 10.0  # one retrieve_future waits this long for a result before answering try_again
@@ -44,26 +44,6 @@ class ClientLost(AppError):
             param="model_id",
             code="tinker_client_lost",
         )
-
-
-def _session_key(session_id: str) -> str:
-    return f"{PREFIX}session:{session_id}"
-
-
-def model_key(model_id: str) -> str:
-    return f"{PREFIX}model:{model_id}"
-
-
-def tenant_models_key(tenant_id: str) -> str:
-    return f"{PREFIX}models:{tenant_id}"
-
-
-def checkpoints_key(model_id: str) -> str:
-    return f"{PREFIX}checkpoints:{model_id}"
-
-
-def _sampling_key(sampling_session_id: str) -> str:
-    return f"{PREFIX}sampling:{sampling_session_id}"
 
 
 def tinker_path(model_id: str, kind: str, name: str) -> str:
@@ -113,28 +93,28 @@ class Tinker:
 
     async def create_session(self, tenant_id: str, metadata: dict[str, Any]) -> str:
         session_id = new_id("tsession")
-        key = _session_key(session_id)
+        session_key = key("session", session_id)
         await self.redis.hset(
-            key, mapping={"tenant_id": tenant_id, "created": time.time(), "heartbeat": time.time()}
+            session_key, mapping={"tenant_id": tenant_id, "created": time.time(), "heartbeat": time.time()}
         )
-        await self.redis.expire(key, SESSION_TTL_SECONDS)
+        await self.redis.expire(session_key, SESSION_TTL_SECONDS)
         return session_id
 
     async def heartbeat(self, tenant_id: str, session_id: str) -> None:
         await self._session(tenant_id, session_id)
-        key = _session_key(session_id)
-        await self.redis.hset(key, "heartbeat", time.time())
-        await self.redis.expire(key, SESSION_TTL_SECONDS)
+        session_key = key("session", session_id)
+        await self.redis.hset(session_key, "heartbeat", time.time())
+        await self.redis.expire(session_key, SESSION_TTL_SECONDS)
 
     async def _session(self, tenant_id: str, session_id: str) -> None:
-        owner = await self.redis.hget(_session_key(session_id), "tenant_id")
+        owner = await self.redis.hget(key("session", session_id), "tenant_id")
         if owner is None or _str(owner) != tenant_id:
             raise NotFound(f"No session '{session_id}'", param="session_id", code="session_not_found")
 
     # --- hosts ------------------------------------------------------------------------------------------
 
     async def _alive(self, host: str) -> bool:
-        return bool(await self.redis.exists(channel.host_key(host)))
+        return bool(await self.redis.exists(channel.key("host", host)))
 
     async def pick_host(self) -> str:
         """The live host with the fewest training clients: new adapters spread over the hosts."""
@@ -145,14 +125,14 @@ class Tinker:
                 "No Tinker worker is running (start one: `tunehouse worker --tinker`).",
                 code="tinker_no_worker",
             )
-        counts = [await self.redis.scard(f"{PREFIX}host_models:{h}") for h in alive]
+        counts = [await self.redis.scard(key("host_models", h)) for h in alive]
         return min(zip(counts, alive, strict=True))[1]
 
     # --- training runs ----------------------------------------------------------------------------------
 
     async def model(self, tenant_id: str, model_id: str, *, param: str = "model_id") -> dict[str, str]:
         """A training run of this tenant (404 otherwise, another tenant's included)."""
-        run = _strs(await self.redis.hgetall(model_key(model_id)))
+        run = _strs(await self.redis.hgetall(key("model", model_id)))
         if run.get("tenant_id") != tenant_id:
             raise NotFound(f"No training run '{model_id}'", param=param, code="model_not_found")
         return run | {"id": model_id}
@@ -172,13 +152,13 @@ class Tinker:
         await self._session(tenant_id, session_id)
         host = await self.pick_host()
         model_id = f"{session_id}:train:{model_seq_id}"
-        created = await self.redis.hsetnx(model_key(model_id), "tenant_id", tenant_id)
+        created = await self.redis.hsetnx(key("model", model_id), "tenant_id", tenant_id)
         if not created:
             raise Conflict(
                 f"model_seq_id: client {model_seq_id} of this session exists", param="model_seq_id"
             )
         await self.redis.hset(
-            model_key(model_id),
+            key("model", model_id),
             mapping={
                 "tenant_id": tenant_id,
                 "session_id": session_id,
@@ -191,8 +171,8 @@ class Tinker:
                 "calls": 0,
             },
         )
-        await self.redis.sadd(tenant_models_key(tenant_id), model_id)
-        await self.redis.sadd(f"{PREFIX}host_models:{host}", model_id)
+        await self.redis.sadd(key("models", tenant_id), model_id)
+        await self.redis.sadd(key("host_models", host), model_id)
         return model_id, host
 
     async def host_of(self, tenant_id: str, model_id: str) -> str:
@@ -211,12 +191,12 @@ class Tinker:
         request_id = f"treq-{secrets.token_hex(12)}"
         call = Call(request_id=request_id, op=op, tenant_id=tenant_id, args=args)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(channel.owner_key(request_id), mapping={"host": host, "tenant_id": tenant_id})
-            pipe.expire(channel.owner_key(request_id), channel.REQUEST_TTL_SECONDS)
-            pipe.lpush(channel.requests_key(host), call.encode())
+            pipe.hset(channel.key("request", request_id), mapping={"host": host, "tenant_id": tenant_id})
+            pipe.expire(channel.key("request", request_id), channel.REQUEST_TTL_SECONDS)
+            pipe.lpush(channel.key("requests", host), call.encode())
             if model_id is not None:
-                pipe.hset(model_key(model_id), "last_request", time.time())
-                pipe.hincrby(model_key(model_id), "calls", 1)
+                pipe.hset(key("model", model_id), "last_request", time.time())
+                pipe.hincrby(key("model", model_id), "calls", 1)
             await pipe.execute()
         return request_id
 
@@ -224,8 +204,8 @@ class Tinker:
         """The call's result, waiting up to WAIT_SECONDS; None: not done yet (the SDK asks again).
         The owner and the result are read in one round trip: a call already done costs one."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(channel.owner_key(request_id))
-            pipe.hgetall(channel.result_key(request_id))
+            pipe.hgetall(channel.key("request", request_id))
+            pipe.hgetall(channel.key("result", request_id))
             owner_raw, found = await pipe.execute()
         owner = _strs(owner_raw)
         if owner.get("tenant_id") != tenant_id:
@@ -243,8 +223,8 @@ class Tinker:
                 return None
             # the host stores the result, then pushes a token here; wake at least each second to
             # check that the host is still alive
-            await self.redis.blpop([channel.done_key(request_id)], timeout=min(left, 1.0))
-            found = await self.redis.hgetall(channel.result_key(request_id))
+            await self.redis.blpop([channel.key("done", request_id)], timeout=min(left, 1.0))
+            found = await self.redis.hgetall(channel.key("result", request_id))
         return Result.from_mapping(found)
 
     # --- sampling sessions ------------------------------------------------------------------------------
@@ -270,30 +250,30 @@ class Tinker:
             raise BadRequest("model_path or base_model: one is required", param="model_path")
         mapping["host"] = host or await self.pick_host()
         sampling_session_id = new_id("tsampler")
-        await self.redis.hset(_sampling_key(sampling_session_id), mapping=mapping)
-        await self.redis.expire(_sampling_key(sampling_session_id), SESSION_TTL_SECONDS)
+        await self.redis.hset(key("sampling", sampling_session_id), mapping=mapping)
+        await self.redis.expire(key("sampling", sampling_session_id), SESSION_TTL_SECONDS)
         return sampling_session_id
 
     async def sampling_session(self, tenant_id: str, sampling_session_id: str) -> dict[str, str]:
-        session = _strs(await self.redis.hgetall(_sampling_key(sampling_session_id)))
+        session = _strs(await self.redis.hgetall(key("sampling", sampling_session_id)))
         if session.get("tenant_id") != tenant_id:
             raise NotFound(
                 f"No sampling session '{sampling_session_id}'", param="sampling_session_id", code="not_found"
             )
         if not await self._alive(session["host"]):  # sampling holds no state: any live host will do
             session["host"] = await self.pick_host()
-            await self.redis.hset(_sampling_key(sampling_session_id), "host", session["host"])
+            await self.redis.hset(key("sampling", sampling_session_id), "host", session["host"])
         return session
 
     # --- listings ---------------------------------------------------------------------------------------
 
     async def runs(self, tenant_id: str) -> list[dict[str, str]]:
-        ids = sorted((_str(m) for m in await self.redis.smembers(tenant_models_key(tenant_id))), reverse=True)
+        ids = sorted((_str(m) for m in await self.redis.smembers(key("models", tenant_id))), reverse=True)
         return [await self.model(tenant_id, model_id) for model_id in ids]
 
     async def checkpoints(self, tenant_id: str, model_id: str) -> list[dict[str, Any]]:
         await self.model(tenant_id, model_id)
-        raw = await self.redis.hgetall(checkpoints_key(model_id))
+        raw = await self.redis.hgetall(key("checkpoints", model_id))
         return sorted((json.loads(v) for v in raw.values()), key=lambda c: c["time"])
 
 

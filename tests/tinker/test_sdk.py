@@ -233,7 +233,7 @@ def test_an_idle_client_is_saved_freed_and_restored_as_it_was(
 ) -> None:
     import redis
 
-    from service.tinker.service import model_key
+    from service.tinker.channel import key
 
     data = [_sft_datum(SEQUENCES[3])]
     idle = service.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
@@ -244,10 +244,10 @@ def test_an_idle_client_is_saved_freed_and_restored_as_it_was(
     pending.result()
     runs = redis.Redis.from_url(server.env["TUNEHOUSE_REDIS_URL"])
     deadline = time.monotonic() + 30
-    while not runs.hexists(model_key(idle.model_id), "evicted_at"):
+    while not runs.hexists(key("model", idle.model_id), "evicted_at"):
         assert time.monotonic() < deadline, "the idle client was not saved and freed"
         time.sleep(0.2)
-    assert not runs.hexists(model_key(twin.model_id), "evicted_at")
+    assert not runs.hexists(key("model", twin.model_id), "evicted_at")
     # the idle one comes back with its weights and Adam state: its next step is the twin's exactly
     after_idle = step_then_forward_on(idle, data)
     twin.optim_step(ADAM).result()
@@ -256,7 +256,7 @@ def test_an_idle_client_is_saved_freed_and_restored_as_it_was(
         for o in twin.forward(data, "cross_entropy").result().loss_fn_outputs
         for v in o["logprobs"].tolist()
     ]
-    assert not runs.hexists(model_key(idle.model_id), "evicted_at")
+    assert not runs.hexists(key("model", idle.model_id), "evicted_at")
     runs.close()
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,48 +294,30 @@ class AdapterHost:
         so does `stops_at(tokens so far)` turning true (stop strings, which need the tokenizer)."""
         if not prompt:
             raise HostError("prompt: at least one token")
+        with self._policy(adapter) as model:
+            return self._decode(
+                model, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at
+            )
+
+    @contextmanager
+    def _policy(self, adapter: str | None) -> Iterator[torch.nn.Module]:
+        """The model as `adapter` makes it: the base alone (None), or with that adapter on."""
         if adapter is None:
             if self.model is None:
-                return self._decode(
-                    self.base,
-                    prompt,
-                    num_samples,
-                    max_tokens,
-                    temperature,
-                    top_p,
-                    stop_tokens,
-                    seed,
-                    stops_at,
-                )
-            with self.model.disable_adapter():
-                return self._decode(
-                    self.model,
-                    prompt,
-                    num_samples,
-                    max_tokens,
-                    temperature,
-                    top_p,
-                    stop_tokens,
-                    seed,
-                    stops_at,
-                )
+                yield self.base
+            else:
+                with self.model.disable_adapter():
+                    yield self.model
+            return
         if adapter not in self.adapters and adapter not in self.snapshots:
             raise HostError(f"no weights '{adapter}' on this host")
-        model = self._activate(adapter)
-        return self._decode(
-            model, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at
-        )
+        yield self._activate(adapter)
 
     @torch.no_grad()
     def prompt_logprobs(self, adapter: str | None, prompt: list[int]) -> list[float]:
         """log p(prompt_t | prompt_<t) for each position; NaN at position 0 (nothing precedes it)."""
-        targets = [[*prompt[1:], 0]]
-        if adapter is None and self.model is not None:
-            with self.model.disable_adapter():
-                scored = self._logprobs(self.model, [prompt], targets)[0]
-        else:
-            model = self.base if self.model is None else self._activate(adapter) if adapter else self.model
-            scored = self._logprobs(model, [prompt], targets)[0]
+        with self._policy(adapter) as model:
+            scored = self._logprobs(model, [prompt], [[*prompt[1:], 0]])[0]
         return [float("nan"), *scored[:-1].tolist()]
 
     def _decode(
