@@ -82,6 +82,7 @@ class AdapterHost:
     def __init__(self, base_path: str, *, device: torch.device | None = None) -> None:
         self.device = device or torch.device("cpu")
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+        self.vocab_size = int(base.config.vocab_size)
         self.base: torch.nn.Module = torch.nn.Module.to(base, self.device)
         self.base.requires_grad_(False)
         self.model: PeftModel | None = None
@@ -132,6 +133,10 @@ class AdapterHost:
         # peft cannot delete its last adapter: that one stays loaded, unused, until another is added
         if self.model is not None and name in self.model.peft_config and len(self.model.peft_config) > 1:
             self.model.delete_adapter(name)
+
+    def _check_ids(self, ids: Sequence[int], where: str) -> None:
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise HostError(f"{where}: token ids are 0 to {self.vocab_size - 1} for this base model")
 
     def has_pending_gradients(self, name: str) -> bool:
         """Whether a forward_backward of this adapter waits for its optim_step."""
@@ -190,6 +195,8 @@ class AdapterHost:
             target = raw.get("target_tokens")
             if target is None or len(target) != len(toks) or not toks:
                 raise HostError(f"data[{index}].loss_fn_inputs.target_tokens: one per input token")
+            self._check_ids(toks, f"data[{index}].model_input")
+            self._check_ids([int(t) for t in target], f"data[{index}].loss_fn_inputs.target_tokens")
             tensors = {}
             for key in needed:
                 if key not in raw or len(raw[key]) != len(toks):
@@ -294,6 +301,7 @@ class AdapterHost:
         so does `stops_at(tokens so far)` turning true (stop strings, which need the tokenizer)."""
         if not prompt:
             raise HostError("prompt: at least one token")
+        self._check_ids(prompt, "prompt")
         with self._policy(adapter) as model:
             return self._decode(
                 model, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at

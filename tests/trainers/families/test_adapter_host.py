@@ -116,5 +116,12 @@ def test_refuses_what_it_cannot_serve(host: AdapterHost) -> None:
     host.create("run-f", AdapterSpec(rank=2))
     with pytest.raises(HostError, match="not a built-in loss"):
         host.forward_backward("run-f", [DATUM], loss_fn="dpo", config={})
+    with pytest.raises(HostError, match="token ids are 0 to 511"):
+        host.forward_backward(
+            "run-f",
+            [([5, 512], {"target_tokens": [512, 6], "weights": [1.0, 1.0]})],
+            loss_fn="cross_entropy",
+            config={},
+        )
     with pytest.raises(HostError, match=r"loss_fn_inputs\.logprobs"):
         host.forward_backward("run-f", [DATUM], loss_fn="importance_sampling", config={})
