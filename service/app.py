@@ -25,6 +25,7 @@ from service.models_api.routes import router as models_router
 from service.openapi import install_openapi
 from service.ops import router as ops_router
 from service.shutdown import install_drain_on_signals
+from service.tinker.routes import router as tinker_router
 from service.webhooks.routes import router as webhooks_router
 
 
@@ -65,6 +66,7 @@ def create_app() -> FastAPI:
     app.include_router(methods_router)
     app.include_router(webhooks_router)
     app.include_router(graders_router)
+    app.include_router(tinker_router)
     mount_dashboard(app)
     app.include_router(ops_router)
     install_openapi(app)

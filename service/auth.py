@@ -191,7 +191,11 @@ async def _current_tenant(
             "(create one with `tunehouse keys create --tenant NAME`).",
             code="missing_api_key",
         )
-    key = credentials.credentials.strip()
+    return await tenant_of_key(credentials.credentials.strip())
+
+
+async def tenant_of_key(key: str) -> Tenant:
+    """The tenant of a key given on any route (a Bearer token, or the Tinker SDK's `X-API-Key`)."""
     lookup = _lookup_part(key)
     key_hash = _hash(key)
     if lookup is None:

@@ -187,6 +187,9 @@ class Settings(BaseSettings):
     # `max_tokens` when a request gives none, and the most a request may ask for
     inference_default_max_tokens: int = Field(default=256, ge=1)
     inference_max_tokens: int = Field(default=4096, ge=1)
+    # A Tinker host (`tunehouse worker --tinker`) saves a training client idle this long, with no
+    # gradients pending, to the blob store and frees its adapter; its next call restores it exactly
+    tinker_idle_seconds: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
     def _fill_embedded_defaults(self) -> Settings:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -217,3 +219,19 @@ def new_tenant(prefix: str) -> Tenant:
         row = Tenant(id=new_id("tenant"), name=f"{prefix}-{new_id('t')}")
         session.add(row)
     return row
+
+
+def start_tinker_host(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A Tinker host process (worker/tinker_host.py), once it has announced itself in Redis."""
+    import redis
+
+    from service.tinker.channel import key
+
+    proc = subprocess.Popen([sys.executable, "-m", "worker.tinker_host"], env=env)
+    client = redis.Redis.from_url(env["TUNEHOUSE_REDIS_URL"])
+    deadline = time.monotonic() + 120
+    while not list(client.scan_iter(key("host", f"tinkerhost-{proc.pid}-*"))):
+        assert proc.poll() is None and time.monotonic() < deadline, "the Tinker host did not start"
+        time.sleep(0.1)
+    client.close()
+    return proc

@@ -102,3 +102,13 @@ def shape(kind: FileFormat, row: Mapping[str, Any]) -> Shape | None:
             else Shape.PROMPT_COMPLETION_LABEL
         )
     return None
+
+
+# The training-primitives (Tinker) API's built-in losses and the `loss_fn_inputs` each reads besides
+# `target_tokens` (one value per input token): the API checks a call against this before it is sent,
+# trainers/losses/primitives.py implements each one.
+PRIMITIVE_LOSS_INPUTS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("weights",),
+    "importance_sampling": ("logprobs", "advantages"),
+    "ppo": ("logprobs", "advantages"),
+}

@@ -2,7 +2,7 @@
 package never pulls in FastAPI or torch at import time.
 
     tunehouse up [--host H] [--port P] [--data-dir D] [--no-demo]   API + workers, embedded default
-    tunehouse worker [--data-dir D] [--inference]                   a training (or inference) worker
+    tunehouse worker [--data-dir D] [--inference | --tinker]        a training (inference, Tinker) worker
     tunehouse migrate                                               alembic upgrade head
     tunehouse keys create --tenant NAME [--expires-in 30d] [--json] a new API key (last line, or JSON)
     tunehouse keys list [--tenant NAME] [--json]                    keys (id, prefix, status), no secrets
@@ -135,6 +135,11 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from service.config import get_settings
 
+    if args.tinker:  # not a Celery worker: it reads its own Redis list (service/tinker/channel.py)
+        from worker.tinker_host import main
+
+        main()
+        return 0
     # an inference worker is its own process on its own queue: trying a model never waits behind the
     # training job a training worker is running (one request at a time; start more to serve more)
     if args.inference:
@@ -197,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--loglevel", default="info")
     worker.add_argument(
         "--inference", action="store_true", help="serve /v1/chat/completions and /v1/completions, not jobs"
+    )
+    worker.add_argument(
+        "--tinker", action="store_true", help="hold Tinker training clients (docs/tinker.md), not jobs"
     )
     worker.set_defaults(func=cmd_worker)
 

@@ -1,0 +1,344 @@
+"""A Tinker host: the worker process that holds base models and the training clients' LoRA adapters on
+them (trainers/families/adapter_host.py) and runs the calls the API queues for it, one at a time, in
+order (service/tinker/channel.py says the way there and back).
+
+Run with `tunehouse worker --tinker` (needs TUNEHOUSE_REDIS_URL). What it keeps: one AdapterHost per
+base model, loaded on the first client of that base; each client's adapter until the client has been
+idle `TUNEHOUSE_TINKER_IDLE_SECONDS` with no gradient pending, when it is saved to the blob store and
+freed, and restored exactly (weights, optimizer) by its next call.
+Saved states and sampler weights go to the blob store (`tinker/<tenant>/<run>/<kind>/<name>.pt`).
+
+When the host dies, its adapters' unsaved state is gone: the call it was running and those queued for
+it fail (the API sees that its heartbeat key expired), and its clients answer 410 `tinker_client_lost`
+(service/tinker/service.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+from redis import Redis
+
+from service.config import Settings, get_settings
+from service.storage import BlobStore, get_blob_store
+from service.tinker import channel, wire
+from service.tinker.channel import Call, Result, key
+from service.tinker.service import tinker_path
+from trainers.families.adapter_host import Adam, AdapterHost, AdapterSpec, HostError
+from worker.models import ModelNotAvailable, resolve_model_path
+
+log = logging.getLogger("tunehouse.tinker")
+
+
+def _blob_key(tenant_id: str, model_id: str, kind: str, name: str) -> str:
+    return f"tinker/{tenant_id}/{model_id}/{kind}/{name}.pt"
+
+
+def _snapshot_name(path: str) -> str:
+    # peft adapter names become module keys: no '.', no '/'
+    return "s" + hashlib.sha1(path.encode()).hexdigest()[:16]
+
+
+class TinkerHost:
+    def __init__(
+        self, settings: Settings, redis: Redis, blobs: BlobStore, host_id: str | None = None
+    ) -> None:
+        self.settings, self.redis, self.blobs = settings, redis, blobs
+        self.host_id = host_id or f"tinkerhost-{os.getpid()}-{os.urandom(4).hex()}"
+        self.bases: dict[str, AdapterHost] = {}  # resolved base path -> its host
+        self.tokenizers: dict[str, Any] = {}
+        self.where: dict[str, str] = {}  # adapter (training run or snapshot) -> resolved base path
+        self.last_used: dict[str, tuple[float, str]] = {}  # training client -> (last call, its tenant)
+        self.evicted: dict[str, str] = {}  # training client saved and freed while idle -> its tenant
+        self.stopping = threading.Event()
+
+    # --- liveness -----------------------------------------------------------------------------------
+
+    def announce(self) -> None:
+        self.redis.set(channel.key("host", self.host_id), str(time.time()), ex=channel.HOST_TTL_SECONDS)
+        self.redis.sadd(channel.HOSTS, self.host_id)
+
+    def _heartbeat(self) -> None:
+        while not self.stopping.wait(channel.HEARTBEAT_SECONDS):
+            try:
+                self.announce()
+            except Exception:  # Redis briefly down: the next beat tries again
+                log.warning("tinker host heartbeat failed", exc_info=True)
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.announce()
+        threading.Thread(target=self._heartbeat, daemon=True, name="tinker-heartbeat").start()
+        log.info("tinker host %s ready", self.host_id)
+        while not self.stopping.is_set():
+            raw = self.redis.blmove(
+                channel.key("requests", self.host_id), channel.key("taken", self.host_id), 1, "RIGHT", "LEFT"
+            )
+            if raw is not None:
+                self.run_one(raw if isinstance(raw, bytes) else raw.encode())
+            self.evict_idle(time.monotonic())
+        self.redis.delete(channel.key("host", self.host_id))
+
+    def run_one(self, raw: bytes) -> None:
+        call = Call.decode(raw)
+        started = time.perf_counter()
+        try:
+            result = self.handle(call)
+        except (HostError, ModelNotAvailable) as exc:
+            result = Result.error(str(exc), "user")
+        except Exception as exc:  # a bug or an OOM: the call fails, the host goes on
+            log.exception("tinker call %s (%s) failed", call.request_id, call.op)
+            result = Result.error(f"{type(exc).__name__}: {exc}", "server")
+        # the call's own time on this host, for the overhead benchmark (bench/test_tinker_overhead.py)
+        mapping = result.mapping() | {"compute_s": time.perf_counter() - started}
+        with self.redis.pipeline() as pipe:
+            pipe.hset(channel.key("result", call.request_id), mapping=mapping)
+            pipe.expire(channel.key("result", call.request_id), channel.RESULT_TTL_SECONDS)
+            pipe.rpush(channel.key("done", call.request_id), b"1")
+            pipe.expire(channel.key("done", call.request_id), channel.RESULT_TTL_SECONDS)
+            pipe.lrem(channel.key("taken", self.host_id), 1, raw)  # type: ignore[arg-type]  # bytes are fine
+            pipe.execute()
+
+    def handle(self, call: Call) -> Result:
+        op = getattr(self, f"op_{call.op}", None)
+        if op is None:
+            raise HostError(f"unknown call '{call.op}'")
+        model_id = call.args.get("model_id")
+        if model_id is not None:
+            self.last_used[model_id] = (time.monotonic(), call.tenant_id)
+        result: Result = op(call.tenant_id, **call.args)
+        return result
+
+    # --- idle clients -------------------------------------------------------------------------------
+
+    def evict_idle(self, now: float) -> None:
+        """Save and free each training client idle for `tinker_idle_seconds` with no gradient pending (a
+        forward_backward waiting for its optim_step keeps its client): `_host_of` restores it."""
+        for model_id, (used, tenant_id) in list(self.last_used.items()):
+            if now - used < self.settings.tinker_idle_seconds or model_id not in self.where:
+                continue
+            host = self.bases[self.where[model_id]]
+            if model_id not in host.adapters or host.has_pending_gradients(model_id):
+                continue
+            self._store(tenant_id, model_id, "evicted", "state", host.state(model_id), listed=False)
+            host.remove(model_id)
+            self.evicted[model_id] = tenant_id
+            del self.last_used[model_id]
+            self.redis.hset(key("model", model_id), "evicted_at", time.time())
+            log.info("training client %s idle: saved and freed", model_id)
+
+    # --- helpers ------------------------------------------------------------------------------------
+
+    def _base(self, tenant_id: str, name: str) -> tuple[str, AdapterHost]:
+        path = resolve_model_path(
+            self.settings, self.blobs, tenant_id=tenant_id, name=name, param="base_model"
+        )
+        if path not in self.bases:
+            self.bases[path] = AdapterHost(path)
+        return path, self.bases[path]
+
+    def _host_of(self, name: str) -> AdapterHost:
+        path = self.where.get(name)
+        if path is None:
+            raise HostError(f"training client '{name}' is not on this worker")
+        host = self.bases[path]
+        if name in self.evicted:  # saved while idle: back as it was, optimizer included
+            tenant_id = self.evicted.pop(name)
+            host.load_state(name, self._stored(tenant_id, name, "evicted", "state"), optimizer=True)
+            self.redis.hdel(key("model", name), "evicted_at")
+        return host
+
+    def _store(
+        self,
+        tenant_id: str,
+        model_id: str,
+        kind: str,
+        name: str,
+        state: dict[str, Any],
+        *,
+        listed: bool = True,
+    ) -> str:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        with self.blobs.writer(_blob_key(tenant_id, model_id, kind, name)) as out:
+            out.write(data)
+        path = tinker_path(model_id, kind, name)
+        if listed:  # a checkpoint of the run's listing (not an idle client's parking place)
+            entry = {"kind": kind, "name": name, "path": path, "time": time.time(), "size_bytes": len(data)}
+            self.redis.hset(key("checkpoints", model_id), f"{kind}/{name}", json.dumps(entry))
+        return path
+
+    def _stored(self, tenant_id: str, model_id: str, kind: str, name: str) -> dict[str, Any]:
+        try:
+            with self.blobs.open(_blob_key(tenant_id, model_id, kind, name)) as fh:
+                data = fh.read()
+        except FileNotFoundError as exc:
+            raise HostError(f"no checkpoint {tinker_path(model_id, kind, name)}") from exc
+        state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=True)
+        return state
+
+    # --- calls --------------------------------------------------------------------------------------
+
+    def op_create_model(
+        self, tenant_id: str, *, model_id: str, base_model: str, spec: dict[str, Any]
+    ) -> Result:
+        path, host = self._base(tenant_id, base_model)
+        host.create(model_id, AdapterSpec(**spec))
+        self.where[model_id] = path
+        return Result.json({"type": "create_model", "model_id": model_id})
+
+    def op_forward_backward(
+        self,
+        tenant_id: str,
+        *,
+        model_id: str,
+        loss_fn: str,
+        config: dict[str, float],
+        forward_only: bool,
+        data: list[Any],
+    ) -> Result:
+        host = self._host_of(model_id)
+        outputs, metrics = host.forward_backward(
+            model_id,
+            [(tokens, inputs) for tokens, inputs in data],
+            loss_fn=loss_fn,
+            config=config,
+            forward_only=forward_only,
+        )
+        self.redis.hset(
+            key("model", model_id), mapping={"last_loss": metrics["loss:sum"], "last_call": time.time()}
+        )
+        return Result("proto", wire.write_forward_backward_output(outputs, metrics))
+
+    def op_optim_step(self, tenant_id: str, *, model_id: str, adam: dict[str, float]) -> Result:
+        metrics = self._host_of(model_id).optim_step(model_id, Adam(**adam))
+        self.redis.hincrby(key("model", model_id), "steps", 1)
+        return Result.json({"type": "optim_step", "metrics": metrics})
+
+    def op_save_weights(self, tenant_id: str, *, model_id: str, name: str | None) -> Result:
+        host = self._host_of(model_id)
+        name = name or f"step-{host.adapters[model_id].steps:06d}"
+        path = self._store(tenant_id, model_id, "weights", name, host.state(model_id))
+        return Result.json({"type": "save_weights", "path": path})
+
+    def op_save_weights_for_sampler(
+        self, tenant_id: str, *, model_id: str, name: str, sampling_session_id: str | None = None
+    ) -> Result:
+        host = self._host_of(model_id)
+        state = host.state(model_id, optimizer=False)
+        path = self._store(tenant_id, model_id, "sampler_weights", name, state)
+        snapshot = _snapshot_name(path)
+        host.snapshot(snapshot, state["weights"], state["spec"])
+        self.where[snapshot] = self.where[model_id]
+        if sampling_session_id is not None:
+            return Result.json(
+                {"type": "save_weights_for_sampler", "sampling_session_id": sampling_session_id}
+            )
+        return Result.json({"type": "save_weights_for_sampler", "path": path})
+
+    def op_load_weights(
+        self,
+        tenant_id: str,
+        *,
+        model_id: str,
+        path: str,
+        source: str,
+        name: str,
+        optimizer: bool,
+        create: bool = False,
+        base_model: str | None = None,
+        spec: dict[str, Any] | None = None,
+    ) -> Result:
+        state = self._stored(tenant_id, source, "weights", name)
+        if create:
+            assert base_model is not None
+            base_path, _ = self._base(tenant_id, base_model)
+            self.where[model_id] = base_path
+        self._host_of(model_id).load_state(model_id, state, optimizer=optimizer)
+        return Result.json({"type": "load_weights", "path": path, "model_id": model_id})
+
+    def op_sample(
+        self,
+        tenant_id: str,
+        *,
+        base_model: str,
+        model_path: str | None,
+        prompt: list[int],
+        num_samples: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stop: list[Any],
+        prompt_logprobs: bool,
+    ) -> Result:
+        base_path, host = self._base(tenant_id, base_model)
+        adapter = None
+        if model_path is not None:
+            adapter = _snapshot_name(model_path)
+            if adapter not in host.snapshots:  # saved by another host, or before a restart
+                run, _, name = model_path.removeprefix("tinker://").split("/")
+                state = self._stored(tenant_id, run, "sampler_weights", name)
+                host.snapshot(adapter, state["weights"], state["spec"])
+                self.where[adapter] = base_path
+        stop_tokens = {int(s) for s in stop if isinstance(s, int)}
+        stop_texts = [s for s in stop if isinstance(s, str) and s]
+        stops_at = None
+        if stop_texts:
+            tokenizer = self._tokenizer(base_path)
+
+            def stops_at(tokens: list[int]) -> bool:
+                text = tokenizer.decode(tokens)
+                return any(s in text for s in stop_texts)
+
+        sequences = host.sample(
+            adapter,
+            prompt,
+            num_samples=num_samples,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop_tokens=stop_tokens,
+            seed=seed,
+            stops_at=stops_at,
+        )
+        scored = host.prompt_logprobs(adapter, prompt) if prompt_logprobs else None
+        return Result(
+            "proto",
+            wire.write_sample_response(
+                [wire.Sequence(s.tokens, s.logprobs, s.stop_reason) for s in sequences], scored
+            ),
+        )
+
+    def _tokenizer(self, base_path: str) -> Any:
+        if base_path not in self.tokenizers:
+            from trainers.modeling.loading import load_tokenizer
+
+            self.tokenizers[base_path] = load_tokenizer(base_path)
+        return self.tokenizers[base_path]
+
+
+def main() -> None:
+    settings = get_settings()
+    if not settings.redis_url:
+        raise SystemExit("a Tinker host needs Redis: set TUNEHOUSE_REDIS_URL")
+    logging.basicConfig(level=os.environ.get("TUNEHOUSE_LOG_LEVEL", "INFO"))
+    host = TinkerHost(settings, Redis.from_url(settings.redis_url), get_blob_store())
+    signal.signal(signal.SIGTERM, lambda *_: host.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: host.stopping.set())
+    host.serve()
+
+
+if __name__ == "__main__":
+    main()
