@@ -41,4 +41,3 @@ def bnb_config(
     if quantization == "int8":
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep)
     raise ValueError(f"quantization must be nf4, int8 or None, not {quantization!r}")
-

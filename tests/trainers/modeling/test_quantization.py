@@ -102,7 +102,9 @@ def test_a_resumed_nf4_run_repeats_the_uninterrupted_one(
     train_sft(make_config(**run, output_dir=str(tmp_path / "a")), rows, callbacks=full)
     mid = full.checkpoints[0].path
     resumed = Recorder()
-    train_sft(make_config(**run, output_dir=str(tmp_path / "b"), resume_from=str(mid)), rows, callbacks=resumed)
+    train_sft(
+        make_config(**run, output_dir=str(tmp_path / "b"), resume_from=str(mid)), rows, callbacks=resumed
+    )
     assert [int(r["step"]) for r in resumed.steps] == [4, 5, 6]
     for ours, theirs in zip(resumed.steps, full.steps[3:], strict=True):
         for key in ("loss", "grad_norm", "learning_rate"):
