@@ -257,7 +257,8 @@ def merged_model(model: PeftModel) -> PreTrainedModel:
     trained = get_peft_model_state_dict(model)  # the adapter and any fully trained head (modules_to_save)
     plain = model.unload()
     assert isinstance(plain, PreTrainedModel)
-    plain.dequantize(dtype=plain.config.dtype)  # also drops the quantization config: a plain model now
+    # also drops the quantization config: a plain model now
+    plain.dequantize(dtype=plain.config.dtype)  # type: ignore[no-untyped-call]
     device = next(plain.parameters()).device
     # a new adapter draws its initial weights before they are overwritten: leave the caller's RNG alone
     with (

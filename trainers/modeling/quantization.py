@@ -35,9 +35,9 @@ def bnb_config(
     if quantization is None:
         return None
     if quantization == "nf4":
-        return BitsAndBytesConfig(
+        return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
             load_in_4bit=True, bnb_4bit_compute_dtype=compute, llm_int8_skip_modules=keep, **_NF4
         )
     if quantization == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep)  # type: ignore[no-untyped-call]
     raise ValueError(f"quantization must be nf4, int8 or None, not {quantization!r}")
