@@ -167,6 +167,20 @@ class Constraint:
     message: str
 
 
+def _quantized_with_lora(hp: Mapping[str, Any]) -> bool:
+    return hp.get("quantization") is None or bool(hp.get("lora", True))
+
+
+SHARED_CONSTRAINTS: tuple[Constraint, ...] = (
+    Constraint(
+        "quantization",
+        _quantized_with_lora,
+        "needs lora: true (a quantized base stays frozen; only a LoRA adapter beside it trains)",
+    ),
+)
+"""The checks over ``COMMON`` knobs every method declares: each method's ``constraints`` start with them."""
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -178,7 +192,7 @@ class Method:
     config: str  # "module:Class", a TrainingConfig subclass
     metrics: tuple[str, ...]  # per-step metrics beyond the loop's; "{grader}" stands for each grader name
     grader: bool = False
-    constraints: tuple[Constraint, ...] = ()
+    constraints: tuple[Constraint, ...] = SHARED_CONSTRAINTS
     # valid_* keys beyond valid_loss (every loss metric, prefixed); grader methods: RL_EVAL_METRICS, no loss
     eval_metrics: tuple[str, ...] = ()
 
@@ -240,6 +254,16 @@ COMMON: tuple[Hyperparameter, ...] = (
         True,
         "train a LoRA adapter (merged at the end) instead of every weight",
         trainer_name="use_lora",
+    ),
+    _p(
+        "quantization",
+        "str",
+        None,
+        "the frozen base in 4-bit NF4 with double quantization (QLoRA) or 8-bit LLM.int8, through "
+        "bitsandbytes; the adapter trains in full precision and the download merges it into the "
+        "dequantized base; needs lora; null: the base unquantized",
+        choices=("nf4", "int8"),
+        nullable=True,
     ),
     _p("lora_r", "int", 8, "LoRA rank", ge=1, le=1024),
     _p("lora_alpha", "int", 16, "LoRA scaling numerator (scale = alpha / r)", ge=1, le=4096),
@@ -671,6 +695,7 @@ PPO = Method(
         _MISSING_EOS_PENALTY,
     ),
     constraints=(
+        *SHARED_CONSTRAINTS,
         Constraint(
             "num_mini_batches",
             _divides_rollout,

@@ -29,6 +29,7 @@ from service.jobs.spec import (
     hyperparameter_problem,
     load_method,
     resolve_hyperparameters,
+    resources_problem,
     stored_method,
 )
 from service.models import File, Job, Tenant
@@ -148,7 +149,7 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         )
 
     resolve_hyperparameters(method, n_examples=training.line_count)
-    problem = hyperparameter_problem(method)
+    problem = hyperparameter_problem(method) or resources_problem(method, resources)
     if problem is not None:
         param, message = problem
         raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")

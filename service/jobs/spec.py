@@ -170,6 +170,16 @@ def hyperparameter_problem(method: MethodBase) -> tuple[str, str] | None:
     return f"method.{method.type}.hyperparameters.{name}", message
 
 
+def resources_problem(method: MethodBase, resources: Resources) -> tuple[str, str] | None:
+    """(param, message) where the resolved hyperparameters do not fit the job's `resources`: a quantized
+    base is not sharded (FSDP splits weights that bitsandbytes keeps packed with their block scales)."""
+    quantization = resolved_values(method).get("quantization")
+    if quantization is None or resources.strategy != "fsdp":
+        return None
+    param = f"method.{method.type}.hyperparameters.quantization"
+    return param, f"quantization={quantization!r}: not with resources.strategy 'fsdp'; use 'ddp'"
+
+
 def resolved_values(method: MethodBase) -> dict[str, Any]:
     """The hyperparameters by their API names, once "auto" is resolved (``resolve_hyperparameters``)."""
     values = method.hyperparameters.model_dump()

@@ -216,3 +216,39 @@ def test_a_deleted_model_no_longer_serves(oai: openai.OpenAI, trained: dict[str,
     assert oai.models.delete(model).deleted
     with pytest.raises(openai.NotFoundError):
         oai.chat.completions.create(model=model, messages=QUESTION, max_tokens=2)  # type: ignore[arg-type]
+
+
+def test_a_qlora_job_downloads_and_serves_its_merged_model(stack: Stack, tmp_path: Path) -> None:
+    """`quantization: "nf4"` through the service: the job trains on the worker with its base in NF4, its
+    download is a plain model (the adapter merged into the dequantized base: no quantization config),
+    and /v1/chat/completions on its ft: model answers what those weights decode."""
+    key = new_key()
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        hp = {"n_epochs": 1, "batch_size": 8, "learning_rate": 5e-2, "quantization": "nf4"}
+        created = http.post(
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": BASE,
+                "training_file": upload_ok(http, chat_rows(16)),
+                "seed": 3,
+                "method": {"type": "supervised", "supervised": {"hyperparameters": hp}},
+            },
+        )
+        assert created.status_code == 200, created.text
+        assert created.json()["method"]["supervised"]["hyperparameters"]["quantization"] == "nf4"
+        job = wait_for(http, created.json()["id"])
+        assert job["status"] == "succeeded", job
+        checkpoints = http.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()["data"]
+        final = next(c for c in checkpoints if c["is_final"])
+        folder = _download({"job": job, "http": http}, final, tmp_path / "final")
+    config = (folder / "config.json").read_text()
+    assert "quantization_config" not in config and '"float32"' in config
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key, max_retries=0, timeout=120)
+    with client:
+        reply = client.chat.completions.create(
+            model=job["fine_tuned_model"],
+            messages=QUESTION,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+        )
+    assert reply.choices[0].message.content == _reference(folder, QUESTION, 8)

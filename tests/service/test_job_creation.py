@@ -296,6 +296,32 @@ def test_a_hyperparameter_rule_between_fields_is_refused(tenant: Tenant) -> None
     )
 
 
+@pytest.mark.parametrize("method", ["supervised", "kto", "ppo"])
+def test_quantization_needs_lora_and_no_fsdp(tenant: Tenant, method: str, idle_broker: Waiting) -> None:
+    """A quantized base only carries an adapter (the registry's shared constraint, every method) and is
+    not sharded; the refusals name the knob; a LoRA job with it is stored as asked."""
+    fmt = {"supervised": "chat", "kto": "preference", "ppo": "prompt_only"}[method]
+    body: dict[str, Any] = {"grader": CHECK} if method == "ppo" else {}
+    training_file = _file(tenant, fmt=fmt)
+    param = f"method.{method}.hyperparameters.quantization"
+
+    def job(hp: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        spec = {"type": method, method: {**body, "hyperparameters": hp}}
+        return {"training_file": training_file, "method": spec, **extra}
+
+    error = _refused(tenant, job({"quantization": "nf4", "lora": False}))
+    assert (error.param, error.code) == (param, "invalid_value")
+    assert error.message == (
+        f"{param}: quantization='nf4': needs lora: true (a quantized base stays frozen; only a LoRA "
+        "adapter beside it trains)"
+    )
+    error = _refused(tenant, job({"quantization": "int8"}, resources={"gpus": 2, "strategy": "fsdp"}))
+    assert (error.param, error.code) == (param, "invalid_value")
+    assert error.message == f"{param}: quantization='int8': not with resources.strategy 'fsdp'; use 'ddp'"
+    stored = _create(tenant, job({"quantization": "nf4"}, resources={"gpus": 2}))
+    assert stored.method[method]["hyperparameters"]["quantization"] == "nf4"
+
+
 def test_an_rl_job_keeps_its_checked_grader(tenant: Tenant, idle_broker: Waiting) -> None:
     job = _create(
         tenant,

@@ -104,6 +104,26 @@ def test_legacy_top_level_hyperparameters(client: httpx.Client, train_file: str)
             {"method": {"type": "dpo", "dpo": {"hyperparameters": {"packing": True}}}},
             "method.dpo.hyperparameters.packing",
         ),
+        (
+            {"method": {"type": "supervised", "supervised": {"hyperparameters": {"quantization": "fp4"}}}},
+            "method.supervised.hyperparameters.quantization",
+        ),
+        (
+            {
+                "method": {
+                    "type": "supervised",
+                    "supervised": {"hyperparameters": {"quantization": "nf4", "lora": False}},
+                }
+            },
+            "method.supervised.hyperparameters.quantization",
+        ),
+        (
+            {
+                "method": {"type": "supervised", "supervised": {"hyperparameters": {"quantization": "int8"}}},
+                "resources": {"gpus": 2, "strategy": "fsdp"},
+            },
+            "method.supervised.hyperparameters.quantization",
+        ),
         ({"resources": {"gpus": 0}}, "resources.gpus"),
         ({"resources": {"gpus": 65}}, "resources.gpus"),
         ({"resources": {"gpus": "2"}}, "resources.gpus"),

@@ -91,6 +91,7 @@ def model_settings(model_path: Path, **overrides: Any) -> SimpleNamespace:
         "lora_alpha": 8,
         "lora_dropout": 0.0,
         "lora_target_modules": None,
+        "quantization": None,
         "gradient_checkpointing": False,
         "mixed_precision": "no",
         "resume_from": None,

@@ -4,7 +4,8 @@ Layout: ``{output_dir}/checkpoint-{step:06d}/`` holding
 
 - ``model/``: a Hugging Face folder (safetensors + tokenizer). Intermediate checkpoints of a LoRA run
   hold the adapter only; the final checkpoint holds full weights, the adapter merged into the base, so
-  it loads with ``AutoModelForCausalLM.from_pretrained`` and no peft.
+  it loads with ``AutoModelForCausalLM.from_pretrained`` and no peft (nor bitsandbytes: a quantized
+  base is dequantized to the dtype it was loaded in, then merged, ``merged_model``).
 - ``state/`` (not in the final checkpoint): ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` (fp16
   only), ``rng.pt``, ``trainer_state.json`` (step, data position, sampler permutation, metrics) and, for
   online methods, ``task.pt`` (the rollout in use, the value head: see ``trainers.core.loop.StepPreparer``).
@@ -25,13 +26,14 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel
+from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainers.core.callbacks import CheckpointInfo
@@ -226,9 +228,7 @@ def _save_model(
 ) -> None:
     if isinstance(model, PeftModel):
         if final:
-            merged = model.merge_and_unload()
-            assert isinstance(merged, PreTrainedModel)
-            _export(merged, path)
+            _export(merged_model(model), path)
         else:
             model.save_pretrained(str(path))  # the adapter only
     else:
@@ -238,6 +238,42 @@ def _save_model(
         else:
             model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+def merged_model(model: PeftModel) -> PreTrainedModel:
+    """The LoRA ``model`` with its adapter merged into the base weights (in place: ``model`` is spent).
+
+    A quantized base (``quantization``, bitsandbytes) is first dequantized to the dtype it was loaded in
+    and the adapter merged into that in full: the merged layer computes what the trained one did (the
+    adapter learnt beside the dequantized weights, not the original ones), and nothing is quantized
+    again. peft's own merge into a 4-bit layer would re-quantize ``W + BA``, losing most of the update
+    (NF4 has 16 levels per block: a small update mostly rounds away) and exporting a 4-bit model."""
+    base = model.get_base_model()
+    if not getattr(base, "is_quantized", False):
+        merged = model.merge_and_unload()
+        assert isinstance(merged, PreTrainedModel)
+        return merged
+    config = model.peft_config[model.active_adapter]
+    trained = get_peft_model_state_dict(model)  # the adapter and any fully trained head (modules_to_save)
+    plain = model.unload()
+    assert isinstance(plain, PreTrainedModel)
+    # also drops the quantization config: a plain model now
+    plain.dequantize(dtype=plain.config.dtype)  # type: ignore[no-untyped-call]
+    device = next(plain.parameters()).device
+    # a new adapter draws its initial weights before they are overwritten: leave the caller's RNG alone
+    with (
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        warnings.catch_warnings(),
+    ):
+        # peft 0.21 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates
+        warnings.filterwarnings(
+            "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        adapted = get_peft_model(plain, config)
+    set_peft_model_state_dict(adapted, trained)
+    merged = adapted.merge_and_unload()
+    assert isinstance(merged, PreTrainedModel)
+    return merged
 
 
 def _export(model: PreTrainedModel, path: Path) -> None:

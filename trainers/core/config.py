@@ -98,6 +98,7 @@ class TrainingConfig:
     lora_alpha: int = knob(SHARED, "lora_alpha")
     lora_dropout: float = knob(SHARED, "lora_dropout")
     lora_target_modules: list[str] | None = knob(SHARED, "lora_target_modules")
+    quantization: str | None = knob(SHARED, "quantization")
     # a job's "auto" epochs and batch size come from its data size (service/jobs/spec.py); by hand: these
     n_epochs: int = knob(SHARED, "n_epochs", default=1)
     batch_size: int = knob(SHARED, "batch_size", default=4)

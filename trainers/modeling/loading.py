@@ -3,15 +3,16 @@
 
 Shared by every method. Weights are kept in float32 for full fine-tuning (the optimizer updates fp32
 master weights; mixed precision only changes the compute dtype, through autocast). A LoRA run on CUDA
-with bf16 keeps the frozen base in bf16 and the adapter in fp32. On resume, the trainable weights come
-from the checkpoint's ``model/`` folder.
+with bf16 keeps the frozen base in bf16 and the adapter in fp32; with ``quantization`` its linear layers
+are 4- or 8-bit (``trainers.modeling.quantization``). On resume, the trainable weights come from the
+checkpoint's ``model/`` folder.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
@@ -31,6 +32,7 @@ from trainers.core.precision import autocast_dtype
 from trainers.core.sharding import is_sharded
 from trainers.data.packing import PackedLayout, PairPacking
 from trainers.losses.causal_lm import linear_token_nll
+from trainers.modeling.quantization import bnb_config
 
 
 class ModelSettings(Protocol):
@@ -40,6 +42,7 @@ class ModelSettings(Protocol):
     lora_alpha: int
     lora_dropout: float
     lora_target_modules: list[str] | None
+    quantization: str | None
     gradient_checkpointing: bool
     mixed_precision: str
     resume_from: str | None
@@ -63,14 +66,40 @@ def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module
     resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
     if settings.use_lora:
         base_dtype = torch.bfloat16 if compute == torch.bfloat16 else torch.float32
-        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(settings.model_path, dtype=base_dtype)
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+            settings.model_path, dtype=base_dtype, **_quantized(settings, base_dtype, device)
+        )
         model = _add_lora(model, settings)
         if resume_model is not None:
             set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
     else:
         source = str(resume_model) if resume_model is not None else settings.model_path
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    return torch.nn.Module.to(model, device)  # (transformers' typed `to` rejects a device)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch.float32, **_quantized(settings, torch.float32, device)
+        )
+    return _to(model, device)
+
+
+def _quantized(
+    settings: ModelSettings, base_dtype: torch.dtype, device: torch.device, *, keep: list[str] | None = None
+) -> dict[str, Any]:
+    """``from_pretrained``'s arguments that load the base quantized, on ``device`` (bitsandbytes
+    quantizes each weight where it lands); none without ``quantization``."""
+    config = bnb_config(settings.quantization, base_dtype, keep=keep)
+    if config is None:
+        return {}
+    if not settings.use_lora:  # the registry's constraint; a config built by hand may skip validate()
+        raise ValueError("quantization needs use_lora: a quantized base cannot train")
+    return {"quantization_config": config, "device_map": {"": device}}
+
+
+def _to(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` on ``device`` (a quantized one was loaded there: bitsandbytes' 8-bit weights refuse to
+    move). transformers' typed ``to`` rejects a device, hence ``nn.Module.to``."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    if getattr(base, "is_quantized", False):
+        return model
+    return torch.nn.Module.to(model, device)
 
 
 def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
@@ -104,8 +133,13 @@ def load_sequence_classifier(
     resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
     source = str(resume_model) if resume_model is not None and not settings.use_lora else settings.model_path
     base_dtype = torch.bfloat16 if settings.use_lora and compute == torch.bfloat16 else torch.float32
+    # the head starts untrained: it stays out of the quantized layers (it trains in full, as below)
     model: torch.nn.Module = AutoModelForSequenceClassification.from_pretrained(
-        source, num_labels=num_labels, pad_token_id=pad_token_id, dtype=base_dtype
+        source,
+        num_labels=num_labels,
+        pad_token_id=pad_token_id,
+        dtype=base_dtype,
+        **_quantized(settings, base_dtype, device, keep=["score"]),
     )
     if settings.use_lora:
         config = LoraConfig(
@@ -124,7 +158,7 @@ def load_sequence_classifier(
         if resume_model is not None:
             set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
         model.get_submodule("base_model.model.score").float()  # the head trains in fp32
-    return torch.nn.Module.to(model, device)
+    return _to(model, device)
 
 
 def _unsharded_base(model: torch.nn.Module) -> PreTrainedModel | None:
