@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -22,7 +23,7 @@ from service.jobs.dispatch import send_after_commit
 from service.jobs.events import add_event, state_event
 from service.jobs.integrations import duplicate_type, stored_integrations
 from service.jobs.lifecycle import queued_values
-from service.jobs.resources import ONE_GPU, queue_for
+from service.jobs.resources import ONE_GPU, Resources, queue_for
 from service.jobs.spec import (
     JobCreate,
     Method,
@@ -82,7 +83,19 @@ def _method_of(spec: JobCreate) -> Method:
     return load_method({"type": "supervised", "supervised": {"hyperparameters": legacy}})
 
 
-def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
+@dataclass(frozen=True)
+class CheckedSpec:
+    """A creation body that passed every check: its method with "auto" resolved, its resources and its
+    training file's row."""
+
+    method: Method
+    resources: Resources
+    training: File
+
+
+def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> CheckedSpec:
+    """Every check a job creation makes, storing nothing (creation and the pre-flight estimate,
+    service/jobs/estimate.py, both call it): a refusal is a 4xx naming its parameter."""
     is_fine_tuned = spec.model.startswith("ft:") and (
         find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
     )
@@ -125,6 +138,12 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
     if problem is not None:
         param, message = problem
         raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")
+    return CheckedSpec(method, resources, training)
+
+
+def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
+    checked = check_spec(session, tenant=tenant, spec=spec, settings=settings)
+    method, resources = checked.method, checked.resources
     job = Job(
         id=new_id("ftjob"),
         tenant_id=tenant.id,
