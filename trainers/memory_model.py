@@ -191,7 +191,7 @@ def estimate_memory(model: ModelShape, job: TrainingShape) -> MemoryEstimate:
         # (the test's cases fall within 0.94-1.14 of it)
         whole = per_token + (2 * model.intermediate_size + 2 * model.hidden_size) * job.compute_bytes
         rebuilt = math.ceil(tokens * 2.25 * whole)
-        activations = tokens * model.num_layers * model.hidden_size * job.compute_bytes + rebuilt
+        activations: float = tokens * model.num_layers * model.hidden_size * job.compute_bytes + rebuilt
         layer_phase = rebuilt
     else:
         activations = tokens * model.num_layers * per_token

@@ -44,6 +44,7 @@ from service.jobs.spec import JobCreate
 from service.models import Job, JobMetric, Tenant, Worker
 from service.queue import send_task
 from trainers.memory_model import (
+    Device,
     ModelShape,
     TrainingShape,
     estimate_memory,
@@ -123,7 +124,7 @@ def _worker_kinds(session: Session, settings: Settings) -> list[WorkerKind]:
 def _fit(
     kind: WorkerKind, model: ModelShape, checked: CheckedSpec, hp: dict[str, Any], batch: tuple[int, int, int]
 ) -> DeviceFit:
-    device = "cuda" if kind.device == "cuda" else "cpu"
+    device: Device = "cuda" if kind.device == "cuda" else "cpu"
     compute, lora_base = precision_bytes(str(hp.get("mixed_precision", "auto")), device)
     rows, width, targets = batch
     shape = TrainingShape(
@@ -244,7 +245,7 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
     ) * int(hp.get("num_iterations", 1))
     tokens = None
     if data:
-        per_epoch = int(data["trained_tokens_per_epoch"])
+        per_epoch = int(data["tokens_per_epoch"])
         total = per_epoch * epochs
         if hp.get("max_steps") is not None:  # a capped run trains its share of the epochs' tokens
             full = planned_steps(
@@ -256,7 +257,9 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
                 max_steps=None,
             )
             total = round(total * steps / max(full, 1))
-        tokens = TrainedTokens(per_epoch=per_epoch, total=total)
+        tokens = TrainedTokens(
+            per_epoch=per_epoch, total=total, loss_per_epoch=int(data["loss_tokens_per_epoch"])
+        )
     batch = _micro_batch(method, hp, data)
     queue = queue_for(settings.job_queue, checked.resources.gpus)
     return EstimateObject(

@@ -8,8 +8,12 @@ from pydantic import BaseModel
 
 
 class TrainedTokens(BaseModel):
+    """Tokens the run processes, as the job's `trained_tokens` counts them (every input token of the
+    trained examples), per epoch and for the run; `loss_per_epoch`: the positions the loss trains on."""
+
     per_epoch: int
     total: int
+    loss_per_epoch: int
 
 
 class Truncation(BaseModel):

@@ -177,6 +177,7 @@ def position_if_queued_now(session: Session, *, tenant_id: str, queue: str, now:
     estimate): 1 + the queued jobs ahead of it in the fair order (a new id sorts after every other)."""
     waiting = fair_order(session, queues=[queue])
     mine = [w for w in waiting if w.tenant_id == tenant_id]
+    running: int | None
     if mine:
         running, last = mine[0].tenant_running, mine[0].tenant_last_started
     else:

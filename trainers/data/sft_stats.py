@@ -21,8 +21,9 @@ TRUNCATED_LINES_SHOWN = 10
 class SFTFileStats:
     examples: int = 0  # rows of the file
     trained_examples: int = 0  # rows with a trainable token left after truncation
-    tokens_per_epoch: int = 0  # every input token of the trained examples
-    trained_tokens_per_epoch: int = 0  # the loss positions
+    # every input token of the trained examples: what the loop counts as `trained_tokens` (OpenAI's sense)
+    tokens_per_epoch: int = 0
+    loss_tokens_per_epoch: int = 0  # the loss positions
     truncated: int = 0  # rows longer than max_length
     truncated_lines: list[int] = field(default_factory=list)  # the first TRUNCATED_LINES_SHOWN of them
     dropped_lines: list[int] = field(default_factory=list)  # rows left with nothing to train on
@@ -42,7 +43,7 @@ class SFTFileStats:
             "examples": self.examples,
             "trained_examples": self.trained_examples,
             "tokens_per_epoch": self.tokens_per_epoch,
-            "trained_tokens_per_epoch": self.trained_tokens_per_epoch,
+            "loss_tokens_per_epoch": self.loss_tokens_per_epoch,
             "truncated": self.truncated,
             "truncated_lines": self.truncated_lines,
             "dropped_lines": self.dropped_lines,
@@ -87,7 +88,7 @@ def sft_file_stats(
             continue
         stats.trained_examples += 1
         stats.tokens_per_epoch += len(example.input_ids)
-        stats.trained_tokens_per_epoch += example.n_trainable
+        stats.loss_tokens_per_epoch += example.n_trainable
         stats.longest = max(stats.longest, len(example.input_ids))
         if len(stats.top_trained) < batch_size:
             heapq.heappush(stats.top_trained, example.n_trainable)
