@@ -22,10 +22,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.config import Settings
-from service.errors import ServiceUnavailable
 from service.inference.replies import Message, ReplyChannelDown, reply_reader
-from service.inference.service import WorkerError
-from service.inference.task import INFERENCE_QUEUE
+from service.inference.service import channel_down, first_answer
 from service.jobs.creation import CheckedSpec, check_spec
 from service.jobs.estimate_schemas import (
     DeviceFit,
@@ -42,7 +40,6 @@ from service.jobs.fairness import position_if_queued_now
 from service.jobs.resources import queue_for
 from service.jobs.spec import JobCreate
 from service.models import Job, JobMetric, Tenant, Worker
-from service.queue import send_task
 from trainers.memory_model import (
     Device,
     ModelShape,
@@ -74,37 +71,17 @@ async def _worker_data(settings: Settings, task: EstimateTask) -> Message:
     """The worker's answer to `task` (its `done` message); AppError for every way it cannot come."""
     reader = reply_reader(settings, task.request_id)
     try:
-        await reader.check()
-        sent = await anyio.to_thread.run_sync(
-            lambda: send_task(
-                ESTIMATE_TASK,
-                [task.model_dump(mode="json")],
-                queue=INFERENCE_QUEUE,
-                expires=settings.inference_timeout_seconds,
-            )
+        return await first_answer(
+            settings,
+            reader,
+            task=ESTIMATE_TASK,
+            payload=task.model_dump(mode="json"),
+            why=" The estimate reads the training file with the model's tokenizer there.",
         )
-        if not sent:
-            raise ServiceUnavailable(
-                "The task broker is unavailable; retry in a few seconds.", code="broker_unavailable"
-            )
-        answer = await reader.receive(settings.inference_timeout_seconds)
     except ReplyChannelDown as exc:
-        raise ServiceUnavailable(
-            f"Redis, which carries answers back from the workers, is unavailable ({exc}); retry in a few "
-            "seconds.",
-            code="redis_unavailable",
-        ) from exc
+        raise channel_down(exc) from exc
     finally:
         await reader.close()
-    if answer is None:
-        raise ServiceUnavailable(
-            f"No inference worker answered within {settings.inference_timeout_seconds:.0f}s; the estimate "
-            "reads the training file with the model's tokenizer there (`tunehouse worker --inference`)",
-            code="no_inference_worker",
-        )
-    if answer["type"] == "error":
-        raise WorkerError(answer)
-    return answer
 
 
 def _worker_kinds(session: Session, settings: Settings) -> list[WorkerKind]:

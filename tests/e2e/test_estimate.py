@@ -8,13 +8,17 @@ time comes from its throughput. The estimate itself stores nothing and refuses w
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import httpx
 import pytest
 
+import tunehouse
 from tests.conftest import Stack, new_key
 from tests.helpers import all_pages, chat_rows, stored_counts, tenant_of, until, upload_ok, wait_for
+from tests.sdk.test_cli import th
 
 BASE = "tunehouse/tiny-llama"
 MAX_LENGTH = 40
@@ -41,6 +45,7 @@ def http(stack: Stack) -> httpx.Client:
     key = new_key()
     client = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
     client.headers["x-test-tenant"] = tenant_of(key)
+    client.headers["x-test-key"] = key
     return client
 
 
@@ -112,3 +117,42 @@ def test_estimate_refuses_what_creation_refuses(
         assert answer.status_code == 400, (path, answer.text)
         assert answer.json()["error"]["param"] == param, (path, answer.json())
     assert stored_counts(tenant) == before
+
+
+def test_sdk_and_cli_estimate(stack: Stack, http: httpx.Client) -> None:
+    key = http.headers["x-test-key"]
+    file_id = upload_ok(http, chat_rows(6))
+    body = _body(file_id)
+    expected = http.post("/v1/fine_tuning/jobs/estimate", json=body).json()
+    with tunehouse.Client(base_url=stack.url, api_key=key) as client:
+        estimate = client.fine_tuning.jobs.estimate(**body)
+    assert isinstance(estimate, tunehouse.types.JobEstimate)
+    assert (estimate.total_steps, estimate.trained_tokens) == (
+        expected["total_steps"],
+        expected["trained_tokens"],
+    )
+
+    async def estimate_async() -> tunehouse.types.JobEstimate:
+        async with tunehouse.AsyncClient(base_url=stack.url, api_key=key) as client:
+            return await client.fine_tuning.jobs.estimate(**body)
+
+    assert asyncio.run(estimate_async()).trained_tokens == expected["trained_tokens"]
+    cli = (
+        "jobs",
+        "estimate",
+        "--model",
+        BASE,
+        "--training-file",
+        file_id,
+        "-p",
+        "n_epochs=2",
+        "-p",
+        "batch_size=4",
+    )
+    shown = th(*cli, "-p", f"max_length={MAX_LENGTH}", url=stack.url, key=key)
+    assert shown.returncode == 0, shown.stderr
+    tokens = expected["trained_tokens"]
+    assert f"trained tokens: {tokens['per_epoch']} per epoch, {tokens['total']} in all" in shown.stdout
+    assert "[[0 plus 0 is 0." in shown.stdout  # the trained tokens of the first example, marked
+    as_json = th(*cli, "-p", f"max_length={MAX_LENGTH}", "--json", url=stack.url, key=key)
+    assert json.loads(as_json.stdout)["object"] == "fine_tuning.job.estimate"
