@@ -90,6 +90,7 @@ def measure_sft_peak(model_path: Path | str, rows: list[dict[str, Any]], **confi
     examples = list(tokenize_sft_rows(rows, tokenizer, max_length=settings.max_length))
     torch.manual_seed(0)
     model = load_model_to_train(settings, torch.device("cpu"))
+    model.train()  # as the loop does: transformers checkpoints layers only in training mode
     batch: SFTBatch = (
         pack_batch(examples, pad_token_id=pad_id, max_length=None)
         if runs_packed(model)

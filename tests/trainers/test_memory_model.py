@@ -70,8 +70,8 @@ def test_planned_steps() -> None:
     [
         (True, False, 4, 200, 256),
         (False, False, 4, 200, 256),
-        (True, True, 4, 300, 256),
-        (False, True, 4, 60, 128),
+        (True, True, 4, 60, 128),
+        (False, True, 4, 300, 256),
     ],
 )
 def test_estimate_within_tolerance_of_measured_peak(
