@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -41,12 +42,12 @@ def _body(file_id: str, **hp: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def http(stack: Stack) -> httpx.Client:
+def http(stack: Stack) -> Iterator[httpx.Client]:
     key = new_key()
-    client = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
-    client.headers["x-test-tenant"] = tenant_of(key)
-    client.headers["x-test-key"] = key
-    return client
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client:
+        client.headers["x-test-tenant"] = tenant_of(key)
+        client.headers["x-test-key"] = key
+        yield client
 
 
 def test_estimate_predicts_the_run_and_stores_nothing(http: httpx.Client) -> None:
