@@ -34,18 +34,28 @@ def _shape(path: Path) -> ModelShape:
     return ModelShape.from_config(json.loads((path / "config.json").read_text(encoding="utf-8")))
 
 
-def test_parameter_counts_are_the_models(tiny_model_path: Path) -> None:
+def test_persistent_parts_are_the_trainers_tensors(tiny_model_path: Path) -> None:
+    """Weights, gradients and AdamW state: byte for byte what the loaded model and its optimizer hold."""
     shape = _shape(tiny_model_path)
     for lora in (False, True):
         config = SFTConfig(str(tiny_model_path), "/nonexistent", use_lora=lora, lora_r=4)
         model = load_model_to_train(config, torch.device("cpu"))
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        trainable = [p for p in model.parameters() if p.requires_grad]
         frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
         if lora:
-            assert trainable == lora_params(shape, TrainingShape(lora=True, lora_r=4))
+            assert sum(p.numel() for p in trainable) == lora_params(shape, TrainingShape(lora=True, lora_r=4))
             assert frozen == shape.n_params
         else:
-            assert trainable == shape.n_params
+            assert sum(p.numel() for p in trainable) == shape.n_params
+        optimizer = torch.optim.AdamW(trainable, lr=1e-3)
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        moments = sum(t.nbytes for state in optimizer.state.values() for t in state.values() if t.dim() > 0)
+        estimate = estimate_memory(shape, TrainingShape(lora=lora, lora_r=4))
+        assert estimate.weights == sum(p.nbytes for p in model.parameters())
+        assert estimate.gradients == sum(p.grad.nbytes for p in trainable if p.grad is not None)
+        assert estimate.optimizer == moments
 
 
 def test_constants_follow_the_trainer() -> None:
