@@ -64,6 +64,7 @@ def main() -> None:
                 micro_batch_rows=rows,
                 row_width=measured.tokens // rows,
                 micro_batch_targets=measured.targets,
+                padded=measured.padded,
                 gradient_checkpointing=checkpointing,
             ),
         )

@@ -115,6 +115,8 @@ class TrainingShape:
     # the attention kernel takes the sequences' bounds (flash attention's varlen kernel on CUDA): no
     # [rows, 1, width, width] mask is built
     varlen_attention: bool = False
+    # rows of unequal lengths (padding): sdpa needs a mask; rows all as wide as the batch run causal alone
+    padded: bool = True
     gradient_checkpointing: bool = False
     reference: bool = False  # the method computes a reference policy
     ranks: int = 1
@@ -199,7 +201,7 @@ def estimate_memory(model: ModelShape, job: TrainingShape) -> MemoryEstimate:
     # backward runs the head before any layer, and its logits are gone when the layers' gradients are
     # taken: the peak is the larger of the two phases, so `logits` is what the head's needs beyond a layer's
     logits = max(0, logits - layer_phase)
-    if not job.varlen_attention:
+    if job.padded and not job.varlen_attention:
         # sdpa's mask for padded rows, built once per forward: a bool one and its float form
         activations += job.micro_batch_rows * job.row_width**2 * (1 + job.compute_bytes)
     # the embeddings' output and the final norm's input and output, kept at the decoder's ends

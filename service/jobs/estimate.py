@@ -119,6 +119,7 @@ def _fit(
         sharded=checked.resources.strategy == "fsdp" and checked.resources.gpus > 1,
         # flash attention's varlen kernel (no mask) runs on CUDA in half precision
         varlen_attention=device == "cuda" and compute == 2,
+        padded=rows > 1,  # a lone row needs no attention mask
         device=device,
     )
     breakdown = estimate_memory(model, shape).as_dict()

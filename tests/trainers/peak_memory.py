@@ -70,6 +70,7 @@ class Measured:
     peak_bytes: int
     tokens: int  # rows x padded width of the micro-batch
     targets: int
+    padded: bool  # some row is shorter than the widest
 
 
 def synthetic_rows(n: int, words: int, seed: int = 0) -> list[dict[str, str]]:
@@ -106,5 +107,7 @@ def measure_sft_peak(model_path: Path | str, rows: list[dict[str, Any]], **confi
             (out.loss / batch.n_targets).backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    width = max(len(e.input_ids) for e in examples)
-    return Measured(sum(held.values()) + peak.peak, len(examples) * width, batch.n_targets)
+    lengths = {len(e.input_ids) for e in examples}
+    return Measured(
+        sum(held.values()) + peak.peak, len(examples) * max(lengths), batch.n_targets, len(lengths) > 1
+    )

@@ -82,6 +82,8 @@ def test_planned_steps() -> None:
         (False, False, 4, 200, 256),
         (True, True, 4, 60, 128),
         (False, True, 4, 300, 256),
+        # long rows of unequal lengths: attention's [rows, 1, width, width] mask is a third of the peak
+        (True, False, 3, 800, 2048),
     ],
 )
 def test_estimate_within_tolerance_of_measured_peak(
@@ -102,6 +104,7 @@ def test_estimate_within_tolerance_of_measured_peak(
             micro_batch_rows=rows,
             row_width=measured.tokens // rows,
             micro_batch_targets=measured.targets,
+            padded=measured.padded,
             gradient_checkpointing=checkpointing,
         ),
     )
