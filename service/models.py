@@ -128,6 +128,11 @@ class Worker(Base):
     # devices it gives one job: GPUs, or on a CPU host the gloo ranks it was told to run
     gpus: Mapped[int] = mapped_column(Integer)
     seen_at: Mapped[float] = mapped_column(Float)
+    # what one of its devices is ("cuda" or "cpu"), its name and memory (a CPU host: its RAM): the
+    # pre-flight estimate says whether a job fits each kind of worker (service/jobs/estimate.py)
+    device: Mapped[str] = mapped_column(String(20), server_default="cpu")
+    device_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class JobEvent(Base):

@@ -111,22 +111,69 @@ def _resources(args: argparse.Namespace) -> dict[str, Any] | None:
     return resources or None
 
 
-def jobs_create(args: argparse.Namespace) -> int:
+def _job_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The creation body of `jobs create` and `jobs estimate`, from their shared options."""
     hp = _key_values(args.hyperparameter, "--hyperparameter")
     method: dict[str, Any] = {"type": args.method, args.method: {"hyperparameters": hp}}
     if args.grader:
         method[args.method]["grader"] = json.loads(Path(args.grader).read_text())
-    with make_client(args) as client:
-        job = client.fine_tuning.jobs.create(
-            model=args.model,
-            training_file=args.training_file,
-            validation_file=args.validation_file,
-            method=method,
-            suffix=args.suffix,
-            seed=args.seed,
-            metadata={k: str(v) for k, v in _key_values(args.metadata, "--metadata").items()} or None,
-            resources=_resources(args),
+    return {
+        "model": args.model,
+        "training_file": args.training_file,
+        "validation_file": args.validation_file,
+        "method": method,
+        "suffix": args.suffix,
+        "seed": args.seed,
+        "metadata": {k: str(v) for k, v in _key_values(args.metadata, "--metadata").items()} or None,
+        "resources": _resources(args),
+    }
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _estimate_text(e: Any) -> str:
+    tokens = e.trained_tokens
+    lines = [
+        f"{e.examples} examples, {e.total_steps} steps, queue position {e.queue_position}",
+        f"trained tokens: {tokens['per_epoch']} per epoch, {tokens['total']} in all"
+        if tokens
+        else f"trained tokens: - ({e.tokens_reason})",
+    ]
+    if e.truncated and e.truncated["count"]:
+        lines.append(f"truncated: {e.truncated['count']} (lines {e.truncated['first_lines']})")
+    wall = e.estimated_wall_time
+    lines.append(
+        f"wall time: {wall['seconds']} s"
+        if wall["seconds"] is not None
+        else f"wall time: - ({wall['reason']})"
+    )
+    for fit in e.peak_memory_bytes:
+        kind, parts = fit["worker_kind"], fit["peak_memory_bytes"]
+        verdict = {True: "fits", False: "does not fit", None: "unknown"}[fit["fits"]]
+        lines.append(
+            f"{kind['device']} {kind['device_name'] or ''} ({_gib(kind['device_memory_bytes'])}): "
+            f"{_gib(parts['total'])} at peak, {verdict}"
         )
+    for spans in e.preview[:1]:
+        lines.append(
+            "first example ([[trained]]): "
+            + "".join(f"[[{s['text']}]]" if s["trained"] else s["text"] for s in spans)
+        )
+    return "\n".join(lines)
+
+
+def jobs_estimate(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        estimate = client.fine_tuning.jobs.estimate(**_job_body(args))
+        emit(args, estimate, _estimate_text(estimate))
+    return 0
+
+
+def jobs_create(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        job = client.fine_tuning.jobs.create(**_job_body(args))
         emit(args, job, _job_line(job))
         if args.wait:
             return _wait(args, client, job.id)
@@ -217,22 +264,8 @@ def checkpoints_download(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    files = sub.add_parser("files", help="training files").add_subparsers(dest="files_command", required=True)
-    p = files.add_parser("upload", parents=[common], help="upload a JSONL file")
-    p.add_argument("path")
-    p.add_argument("--purpose", default="fine-tune")
-    p.set_defaults(func=files_upload)
-    p = files.add_parser("list", parents=[common])
-    p.add_argument("--limit", type=int, default=100)
-    p.set_defaults(func=files_list)
-    for name, func in (("get", files_get), ("delete", files_delete)):
-        p = files.add_parser(name, parents=[common])
-        p.add_argument("file_id")
-        p.set_defaults(func=func)
-
-    jobs = sub.add_parser("jobs", help="fine-tuning jobs").add_subparsers(dest="jobs_command", required=True)
-    p = jobs.add_parser("create", parents=[common], help="create a job")
+def _job_options(p: argparse.ArgumentParser) -> None:
+    """The options of a job's body (`jobs create` and `jobs estimate`)."""
     p.add_argument("--model", required=True)
     p.add_argument("--training-file", required=True)
     p.add_argument("--validation-file")
@@ -248,6 +281,28 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         help="ddp (each GPU holds the model; the default) or fsdp (weights and optimizer state sharded)",
     )
     p.add_argument("--metadata", action="append", metavar="KEY=VALUE")
+
+
+def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    files = sub.add_parser("files", help="training files").add_subparsers(dest="files_command", required=True)
+    p = files.add_parser("upload", parents=[common], help="upload a JSONL file")
+    p.add_argument("path")
+    p.add_argument("--purpose", default="fine-tune")
+    p.set_defaults(func=files_upload)
+    p = files.add_parser("list", parents=[common])
+    p.add_argument("--limit", type=int, default=100)
+    p.set_defaults(func=files_list)
+    for name, func in (("get", files_get), ("delete", files_delete)):
+        p = files.add_parser(name, parents=[common])
+        p.add_argument("file_id")
+        p.set_defaults(func=func)
+
+    jobs = sub.add_parser("jobs", help="fine-tuning jobs").add_subparsers(dest="jobs_command", required=True)
+    p = jobs.add_parser("estimate", parents=[common], help="estimate a job before creating it")
+    _job_options(p)
+    p.set_defaults(func=jobs_estimate)
+    p = jobs.add_parser("create", parents=[common], help="create a job")
+    _job_options(p)
     p.add_argument("--wait", action="store_true", help="then wait for it, with a progress bar")
     p.add_argument("--timeout", type=float)
     p.set_defaults(func=jobs_create)

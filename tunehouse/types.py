@@ -155,3 +155,22 @@ class WebhookDelivery(_Object):
     last_error: str | None = None
     event: dict[str, Any]
     attempts: list[WebhookAttempt]
+
+
+class JobEstimate(_Object):
+    """A job's pre-flight estimate (`client.fine_tuning.jobs.estimate`): nothing was created. The parts
+    are documented in docs/api.md; `peak_memory_bytes` has one entry per kind of live training worker."""
+
+    object: Literal["fine_tuning.job.estimate"] = "fine_tuning.job.estimate"
+    model: str
+    method: str
+    examples: int
+    trained_examples: int | None = None
+    trained_tokens: dict[str, int] | None = None
+    tokens_reason: str | None = None
+    total_steps: int
+    truncated: dict[str, Any] | None = None
+    peak_memory_bytes: list[dict[str, Any]]
+    estimated_wall_time: dict[str, Any]
+    queue_position: int
+    preview: list[list[dict[str, Any]]]

@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import math
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from service.config import Settings
+from service.jobs.capacity import DeviceInfo
 from service.jobs.resources import queues_served
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
@@ -40,6 +42,35 @@ def _detected_gpus() -> int:
 
 def worker_gpus(settings: Settings) -> int:
     return settings.worker_gpus or _detected_gpus()
+
+
+@lru_cache
+def worker_device() -> DeviceInfo:
+    """What one of this host's devices is, without importing torch: the first visible GPU's name and
+    memory from `nvidia-smi`, or on a host without one, the CPU and the machine's RAM (a CPU job's
+    memory)."""
+    if _detected_gpus_present():
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
+            name, mib = out.splitlines()[0].rsplit(",", 1)
+            return DeviceInfo("cuda", name.strip(), int(float(mib)) * 2**20)
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return DeviceInfo("cuda", None, None)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return DeviceInfo("cpu", platform.processor() or platform.machine() or None, int(ram))
+
+
+def _detected_gpus_present() -> bool:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return any(d.strip() and d.strip() != "-1" for d in visible.split(","))
+    return NVIDIA_GPUS.is_dir() and any(NVIDIA_GPUS.iterdir())
 
 
 def worker_queues(settings: Settings) -> list[str]:

@@ -27,7 +27,7 @@ from service.jobs.dispatch import reconcile
 from service.models import Job
 from service.models_api.lifecycle import sweep_deleted_models
 from service.storage import get_blob_store
-from worker.launch import worker_gpus
+from worker.launch import worker_device, worker_gpus
 from worker.outage import is_outage
 from worker.recovery import restart_or_fail
 
@@ -59,7 +59,13 @@ def requeue_stale_jobs() -> list[str]:
 def advertise_worker(worker_id: str) -> None:
     settings = get_settings()
     with session_scope() as session:
-        advertise(session, worker_id=worker_id, queue=settings.job_queue, gpus=worker_gpus(settings))
+        advertise(
+            session,
+            worker_id=worker_id,
+            queue=settings.job_queue,
+            gpus=worker_gpus(settings),
+            device=worker_device(),
+        )
 
 
 def retire_worker(worker_id: str) -> None:

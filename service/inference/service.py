@@ -78,7 +78,7 @@ def build_task(
     return InferenceTask(kind="text", prompt=request.prompt, **common)
 
 
-def _channel_down(exc: Exception) -> ServiceUnavailable:
+def channel_down(exc: Exception) -> ServiceUnavailable:
     return ServiceUnavailable(
         f"Redis, which carries answers back from the inference workers, is unavailable ({exc}); "
         "retry in a few seconds.",
@@ -112,39 +112,45 @@ class Answer:
                 if message["type"] == "done":
                     return
         except ReplyChannelDown as exc:
-            raise _channel_down(exc) from exc
+            raise channel_down(exc) from exc
         finally:
             await self.reader.close()
+
+
+async def first_answer(
+    settings: Settings, reader: ReplyReader, *, task: str, payload: dict[str, Any], why: str = ""
+) -> Message:
+    """Send `task` to the inference queue and read the worker's first message on `reader`; AppError
+    when the broker is down, no worker answers in time (`why`: what the worker was needed for) or the
+    worker answers an error. ReplyChannelDown passes through."""
+    await reader.check()  # fail before sending: a worker's answer could not come back anyway
+    sent = await run_in_threadpool(
+        send_task, task, [payload], queue=INFERENCE_QUEUE, expires=settings.inference_timeout_seconds
+    )
+    if not sent:
+        raise ServiceUnavailable(
+            "The task broker is unavailable; retry in a few seconds.", code="broker_unavailable"
+        )
+    first = await reader.receive(settings.inference_timeout_seconds)
+    if first is None:
+        raise ServiceUnavailable(
+            f"No inference worker answered within {settings.inference_timeout_seconds:.0f}s; "
+            f"is one running (`tunehouse worker --inference`)?{why}",
+            code="no_inference_worker",
+        )
+    if first["type"] == "error":
+        raise WorkerError(first)
+    return first
 
 
 async def start_inference(settings: Settings, task: InferenceTask) -> Answer:
     """Send `task` and wait for the worker to start on it (model loaded, prompt tokenized)."""
     reader = reply_reader(settings, task.request_id)
     try:
-        await reader.check()  # fail before sending: a worker's answer could not come back anyway
-        sent = await run_in_threadpool(
-            send_task,
-            INFER_TASK,
-            [task.model_dump(mode="json")],
-            queue=INFERENCE_QUEUE,
-            expires=settings.inference_timeout_seconds,
-        )
-        if not sent:
-            raise ServiceUnavailable(
-                "The task broker is unavailable; retry in a few seconds.", code="broker_unavailable"
-            )
-        first = await reader.receive(settings.inference_timeout_seconds)
-        if first is None:
-            raise ServiceUnavailable(
-                f"No inference worker answered within {settings.inference_timeout_seconds:.0f}s; "
-                "is one running (`tunehouse worker --inference`)?",
-                code="no_inference_worker",
-            )
-        if first["type"] == "error":
-            raise WorkerError(first)
+        first = await first_answer(settings, reader, task=INFER_TASK, payload=task.model_dump(mode="json"))
     except ReplyChannelDown as exc:
         await reader.close()
-        raise _channel_down(exc) from exc
+        raise channel_down(exc) from exc
     except BaseException:
         await reader.close()
         raise

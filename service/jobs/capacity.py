@@ -10,6 +10,7 @@ the job up with no further step.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -22,12 +23,25 @@ from service.models import Job, JobEvent, Worker
 WAITING_KIND = "job.waiting_for_worker"
 
 
-def advertise(session: Session, *, worker_id: str, queue: str, gpus: int) -> None:
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device of a worker: "cuda" or "cpu", its name, its memory in bytes (None: unknown)."""
+
+    kind: str = "cpu"
+    name: str | None = None
+    memory_bytes: int | None = None
+
+
+def advertise(
+    session: Session, *, worker_id: str, queue: str, gpus: int, device: DeviceInfo | None = None
+) -> None:
+    device = device or DeviceInfo()
     row = session.get(Worker, worker_id)
     if row is None:
-        session.add(Worker(id=worker_id, queue=queue, gpus=gpus, seen_at=time.time()))
-    else:
-        row.queue, row.gpus, row.seen_at = queue, gpus, time.time()
+        row = Worker(id=worker_id)
+        session.add(row)
+    row.queue, row.gpus, row.seen_at = queue, gpus, time.time()
+    row.device, row.device_name, row.device_memory_bytes = device.kind, device.name, device.memory_bytes
 
 
 def retire(session: Session, *, worker_id: str) -> None:

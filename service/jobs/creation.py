@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -109,7 +110,19 @@ def _check_resources(resources: Resources, settings: Settings) -> None:
         )
 
 
-def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
+@dataclass(frozen=True)
+class CheckedSpec:
+    """A creation body that passed every check: its method with "auto" resolved, its resources and its
+    training file's row."""
+
+    method: Method
+    resources: Resources
+    training: File
+
+
+def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> CheckedSpec:
+    """Every check a job creation makes, storing nothing (creation and the pre-flight estimate,
+    service/jobs/estimate.py, both call it): a refusal is a 4xx naming its parameter."""
     is_fine_tuned = spec.model.startswith("ft:") and (
         find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
     )
@@ -153,6 +166,12 @@ def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
     if problem is not None:
         param, message = problem
         raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")
+    return CheckedSpec(method, resources, training)
+
+
+def create_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> Job:
+    checked = check_spec(session, tenant=tenant, spec=spec, settings=settings)
+    method, resources = checked.method, checked.resources
     job = Job(
         id=new_id("ftjob"),
         tenant_id=tenant.id,

@@ -170,3 +170,31 @@ def queue_positions(session: Session, job_ids: list[str]) -> dict[str, int]:
         return {}
     query = _counted_positions() if len(job_ids) <= _COUNTED_UP_TO else _ranked_positions()
     return {job_id: int(position) for job_id, position in session.execute(query, {"job_ids": job_ids})}
+
+
+def position_if_queued_now(session: Session, *, tenant_id: str, queue: str, now: float) -> int:
+    """The queue position a job of `tenant_id` created in `queue` at `now` would have (the pre-flight
+    estimate): 1 + the queued jobs ahead of it in the fair order (a new id sorts after every other)."""
+    waiting = fair_order(session, queues=[queue])
+    mine = [w for w in waiting if w.tenant_id == tenant_id]
+    running: int | None
+    if mine:
+        running, last = mine[0].tenant_running, mine[0].tenant_last_started
+    else:
+        running = session.scalar(
+            select(func.count()).where(Job.tenant_id == tenant_id, Job.status == "running")
+        )
+        last = session.scalar(select(func.max(Job.started_at)).where(Job.tenant_id == tenant_id))
+    new = (len(mine) + 1, int(running or 0), -1 if last is None else last, now)
+    ahead = sum(
+        1
+        for w in waiting
+        if (
+            w.turn,
+            w.tenant_running,
+            -1 if w.tenant_last_started is None else w.tenant_last_started,
+            w.queued_at or 0.0,
+        )
+        <= new
+    )
+    return ahead + 1

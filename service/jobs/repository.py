@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.jobs.fairness import position_column
 from service.jobs.schemas import TERMINAL_STATUSES
-from service.models import Job
+from service.models import Job, JobMetric
 
 # -- one job ------------------------------------------------------------------------------------------------
 
@@ -113,6 +113,26 @@ def unfinished_models_and_methods(session: Session, tenant_id: str) -> Sequence[
     """(model, stored method) of each of the tenant's jobs that has not ended."""
     return session.execute(
         select(Job.model, Job.method).where(Job.tenant_id == tenant_id, Job.status.not_in(TERMINAL_STATUSES))
+    ).all()
+
+
+def latest_metrics_of_succeeded(
+    session: Session, *, model: str, method: str, jobs: int, rows: int
+) -> Sequence[Row[str, dict[str, Any]]]:
+    """(job id, values) of the newest ``rows`` metric rows of the ``jobs`` latest succeeded jobs on
+    ``model`` with ``method`` (any tenant's: the fleet's measured throughput)."""
+    latest = (
+        select(Job.id)
+        .where(Job.model == model, Job.method["type"].as_string() == method, Job.status == "succeeded")
+        .order_by(Job.finished_at.desc())
+        .limit(jobs)
+        .scalar_subquery()
+    )
+    return session.execute(
+        select(JobMetric.job_id, JobMetric.values)
+        .where(JobMetric.job_id.in_(latest))
+        .order_by(JobMetric.created_at.desc())
+        .limit(rows)
     ).all()
 
 

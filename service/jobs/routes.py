@@ -14,7 +14,8 @@ from service.db_reads import CompiledRead
 from service.dependencies import After, Limit, SessionDep, SettingsDep, read_row
 from service.downloads import blob_response
 from service.errors import BadRequest, error_responses
-from service.jobs import creation, idempotency, repository, service, transitions
+from service.jobs import creation, estimate, idempotency, repository, service, transitions
+from service.jobs.estimate_schemas import EstimateObject
 from service.jobs.fairness import queue_positions
 from service.jobs.schemas import CheckpointObject, EventObject, JobObject, metric_object
 from service.jobs.spec import JobCreate
@@ -71,6 +72,17 @@ def create_job(
         create=lambda: creation.create_job(session, tenant=tenant, spec=spec, settings=settings),
     )
     return _object(session, job)
+
+
+@router.post("/estimate", response_model=EstimateObject, responses=error_responses(413))
+def estimate_job(
+    spec: JobCreate, session: SessionDep, tenant: TenantDep, settings: SettingsDep
+) -> EstimateObject:
+    """Extension: the pre-flight estimate of a job creation body (the same checks; nothing is created or
+    queued): trained tokens, steps, truncated examples, peak memory per device on each kind of live
+    worker and whether it fits, the estimated wall time, the queue position, and the first examples with
+    the tokens the loss trains on marked. Its data is read on an inference worker (503 when none runs)."""
+    return estimate.estimate_job(session, tenant=tenant, spec=spec, settings=settings)
 
 
 @router.get("")

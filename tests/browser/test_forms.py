@@ -98,3 +98,32 @@ def test_new_job_form_shows_the_param_error_in_place(ui: UI, stack: Stack) -> No
         assert job["user_provided_suffix"] == "from-the-form" and job["metadata"] == {"team": "ui"}
         assert job["method"]["supervised"]["hyperparameters"]["n_epochs"] == 1
         client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel")  # keep the shared worker free
+
+
+def test_new_job_form_shows_the_estimate_before_submitting(ui: UI, stack: Stack) -> None:
+    key = new_key()
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        train = upload_ok(client, chat_rows(8))
+        page = ui.page
+        ui.sign_in(key)
+        page.get_by_role("navigation").get_by_role("link", name="New job").click()
+        page.get_by_label("Training file").select_option(train)
+        page.get_by_label("n_epochs").fill("2")
+        page.get_by_role("button", name="Estimate").click()
+        box = page.locator("#nj-estimate")
+        box.get_by_role("heading", name="Estimate").wait_for(timeout=120_000)
+        expected = client.post(
+            "/v1/fine_tuning/jobs/estimate",
+            json={
+                "model": "tunehouse/tiny-llama",
+                "training_file": train,
+                "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}},
+            },
+        ).json()
+        tokens = expected["trained_tokens"]
+        assert f"{tokens['per_epoch']} per epoch, {tokens['total']} in all" in box.inner_text()
+        # the first example's trained tokens are highlighted: the assistant's answer, not the question
+        marked = box.locator("pre.preview").first.locator("mark").all_inner_texts()
+        assert any("0 plus 0 is 0." in m for m in marked) and not any("What is" in m for m in marked)
+        ui.shot("new-job-estimate")
+        assert client.get("/v1/fine_tuning/jobs").json()["data"] == []  # nothing was created

@@ -97,7 +97,7 @@ def test_each_method_has_its_twins_signature(clients: tuple[tunehouse.Client, tu
             assert sig.parameters["timeout"].kind is inspect.Parameter.KEYWORD_ONLY, where
             assert sig.parameters["timeout"].default is None, where
             checked += 1
-    assert checked == 22  # files 5, jobs 10, checkpoints 2, webhooks 5
+    assert checked == 23  # files 5, jobs 11, checkpoints 2, webhooks 5
 
 
 def test_creates_take_an_idempotency_key(clients: tuple[tunehouse.Client, tunehouse.AsyncClient]) -> None:

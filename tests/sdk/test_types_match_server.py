@@ -39,6 +39,7 @@ ANSWERS: dict[type[BaseModel], tuple[str, str, bool]] = {
     sdk_types.FileObject: ("post", "/v1/files", False),
     sdk_types.FileDeleted: ("delete", "/v1/files/{file_id}", False),
     sdk_types.FineTuningJob: ("get", "/v1/fine_tuning/jobs/{job_id}", False),
+    sdk_types.JobEstimate: ("post", "/v1/fine_tuning/jobs/estimate", False),
     sdk_types.WebhookEndpoint: ("post", "/v1/webhooks", False),
     sdk_types.WebhookEndpointDeleted: ("delete", "/v1/webhooks/{webhook_id}", False),
     sdk_types.JobEvent: ("get", "/v1/fine_tuning/jobs/{job_id}/events", True),

@@ -101,16 +101,10 @@ def tokenize_sft_rows(
 ) -> ExampleStore[TokenizedExample]:
     """Tokenize, mask, truncate and filter ``rows`` into an on-disk store; raise ``DataError`` if nothing
     trainable remains."""
-    kind = first_row_kind(
-        rows, SFT_FORMATS, expected='{"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
-    )
-    bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     examples = ExampleWriter(TokenizedExample)
     n_truncated_away = 0
-    for line, row in rows_of_kind(rows, kind, param=param):
-        with row_errors(line, kind, param=param):
-            full = _tokenize(_segments(row, kind.format, tokenizer, bos, eos), tokenizer)
-        example = TokenizedExample(full.input_ids[:max_length], full.loss_mask[:max_length])
+    for _, full in untruncated_examples(rows, tokenizer, param=param):
+        example = truncated(full, max_length)
         if example.n_trainable > 0:
             examples.append(example)
         elif full.n_trainable > 0:
@@ -125,6 +119,24 @@ def tokenize_sft_rows(
             "no example has trainable tokens (e.g. no assistant message with weight 1)", param=param
         )
     return examples.finish()
+
+
+def untruncated_examples(
+    rows: Sequence[Mapping[str, Any]], tokenizer: PreTrainedTokenizerBase, *, param: str = "training_file"
+) -> Iterator[tuple[int, TokenizedExample]]:
+    """``(line, example)`` of every row, tokenized and masked but not yet truncated (lines from 1)."""
+    kind = first_row_kind(
+        rows, SFT_FORMATS, expected='{"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
+    )
+    bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
+    for line, row in rows_of_kind(rows, kind, param=param):
+        with row_errors(line, kind, param=param):
+            yield line, _tokenize(_segments(row, kind.format, tokenizer, bos, eos), tokenizer)
+
+
+def truncated(example: TokenizedExample, max_length: int) -> TokenizedExample:
+    """What training keeps of ``example``: its first ``max_length`` tokens (kept if one still trains)."""
+    return TokenizedExample(example.input_ids[:max_length], example.loss_mask[:max_length])
 
 
 def _segments(

@@ -25,7 +25,7 @@ from tunehouse._exceptions import TunehouseError
 from tunehouse._pagination import PageRequest
 from tunehouse._resource import AsyncAPIResource, SyncAPIResource, endpoint, paged, parse_as, streamed
 from tunehouse._streaming import EventStream
-from tunehouse.types import Checkpoint, FineTuningJob, JobEvent, MetricRow, StreamItem
+from tunehouse.types import Checkpoint, FineTuningJob, JobEstimate, JobEvent, MetricRow, StreamItem
 
 JOBS = "/v1/fine_tuning/jobs"
 
@@ -135,6 +135,40 @@ class _Jobs:
         )
         key = idempotency_key or new_idempotency_key()
         return _job("POST", JOBS, timeout, json=body, headers={IDEMPOTENCY_HEADER: key}, deduplicated=True)
+
+    @endpoint
+    def estimate(
+        self,
+        *,
+        model: str,
+        training_file: str,
+        method: dict[str, Any] | None = None,
+        hyperparameters: dict[str, Any] | None = None,
+        validation_file: str | None = None,
+        suffix: str | None = None,
+        seed: int | None = None,
+        metadata: dict[str, str] | None = None,
+        integrations: list[dict[str, Any]] | None = None,
+        resources: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> APIRequest[JobEstimate]:
+        """The pre-flight estimate of the job `create` would make with the same arguments (the same
+        checks, a 400 naming the field); nothing is created or queued. Safe to retry."""
+        body = compact(
+            model=model,
+            training_file=training_file,
+            method=method,
+            hyperparameters=hyperparameters,
+            validation_file=validation_file,
+            suffix=suffix,
+            seed=seed,
+            metadata=metadata,
+            integrations=integrations,
+            resources=resources,
+        )
+        return APIRequest(
+            "POST", f"{JOBS}/estimate", parse_as(JobEstimate), json=body, timeout=timeout, deduplicated=True
+        )
 
     @endpoint
     def retrieve(self, job_id: str, *, timeout: float | None = None) -> APIRequest[FineTuningJob]:

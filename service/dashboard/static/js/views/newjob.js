@@ -80,6 +80,9 @@ export function renderNewJob(main, params) {
     const seed = h('input', { id: 'nj-seed', name: 'seed', type: 'text', inputmode: 'numeric', autocomplete: 'off' });
     const metadata = h('textarea', { id: 'nj-metadata', name: 'metadata', rows: 2, spellcheck: 'false', placeholder: '{"experiment": "lr-sweep"}' });
     const submit = h('button', { type: 'submit' }, 'Create job');
+    // the pre-flight estimate of the same body (POST /v1/fine_tuning/jobs/estimate): nothing is created
+    const estimateButton = h('button', { type: 'button', class: 'secondary' }, 'Estimate');
+    const estimateBox = h('section', { id: 'nj-estimate', class: 'estimate', 'aria-live': 'polite' });
     let grader = null;
     let hpInputs = [];
 
@@ -143,14 +146,14 @@ export function renderNewJob(main, params) {
         field('suffix', 'nj-suffix', 'Suffix (optional)', suffix, 'Letters, digits, _ . - (up to 64).'),
         field('seed', 'nj-seed', 'Seed (optional)', seed, 'Blank = random.'),
         field('metadata', 'nj-metadata', 'Metadata (optional JSON object)', metadata, 'Up to 16 string values.')),
-      submit);
+      h('div', { class: 'row3' }, estimateButton, submit),
+      estimateBox);
     method.addEventListener('change', methodChanged);
     metadata.addEventListener('input', () => checkJson(metadata, 'object', true));
     methodChanged();
 
-    form.addEventListener('submit', async (e) => {
-      e.preventDefault();
-      clearErrors();
+    /** The creation body from the form, or null when a JSON field is invalid (focused, shown in place). */
+    function buildBody() {
       const m = method.value;
       const hyperparameters = {};
       for (const { name, control, d } of hpInputs) {
@@ -159,16 +162,69 @@ export function renderNewJob(main, params) {
       }
       const body = { model: model.value, training_file: training.value, method: { type: m, [m]: { hyperparameters } } };
       if (grader) {
-        if (!checkJson(grader, 'object')) return grader.focus();
+        if (!checkJson(grader, 'object')) { grader.focus(); return null; }
         body.method[m].grader = JSON.parse(grader.value);
       }
       if (validation.value) body.validation_file = validation.value;
       if (suffix.value.trim()) body.suffix = suffix.value.trim();
       if (seed.value.trim()) body.seed = parseValue(seed.value, false);
       if (metadata.value.trim()) {
-        if (!checkJson(metadata, 'object', true)) return metadata.focus();
+        if (!checkJson(metadata, 'object', true)) { metadata.focus(); return null; }
         body.metadata = JSON.parse(metadata.value);
       }
+      return body;
+    }
+
+    estimateButton.addEventListener('click', async () => {
+      clearErrors();
+      const body = buildBody();
+      if (!body) return;
+      estimateButton.disabled = true;
+      fill(estimateBox, h('p', {}, 'Estimating…'));
+      try {
+        showEstimate(await api('/v1/fine_tuning/jobs/estimate', { method: 'POST', json: body }));
+      } catch (err) {
+        fill(estimateBox);
+        showServerError(err);
+      } finally {
+        estimateButton.disabled = false;
+      }
+    });
+
+    function showEstimate(e) {
+      const gib = (n) => (n == null ? '?' : `${(n / 2 ** 30).toFixed(2)} GiB`);
+      const t = e.trained_tokens;
+      const wall = e.estimated_wall_time;
+      const facts = [
+        ['Examples', `${e.examples}` + (e.trained_examples != null ? ` (${e.trained_examples} trained)` : '')],
+        ['Trained tokens', t ? `${t.per_epoch} per epoch, ${t.total} in all` : `— ${e.tokens_reason}`],
+        ['Steps', `${e.total_steps}`],
+        ['Truncated', e.truncated ? `${e.truncated.count}` + (e.truncated.count ? ` (lines ${e.truncated.first_lines.join(', ')})` : '') : '—'],
+        ['Wall time', wall.seconds != null ? `${wall.seconds} s` : `— ${wall.reason}`],
+        ['Queue position', `${e.queue_position}`],
+      ];
+      const memory = e.peak_memory_bytes.map((f) => {
+        const k = f.worker_kind;
+        const verdict = f.fits === true ? 'fits' : f.fits === false ? `does not fit: ${f.reason}` : 'unknown';
+        return h('li', { class: f.fits === false ? 'unfit' : '' },
+          `${k.device} ${k.device_name || ''} (${gib(k.device_memory_bytes)} × ${k.gpus}): ${gib(f.peak_memory_bytes.total)} at peak per device — ${verdict}`);
+      });
+      const preview = e.preview.map((spans) => h('pre', { class: 'mono preview' },
+        spans.map((s) => (s.trained ? h('mark', { title: 'trained' }, s.text) : h('span', {}, s.text)))));
+      fill(estimateBox,
+        h('h2', {}, 'Estimate'),
+        h('dl', {}, facts.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)])),
+        h('h3', {}, 'Peak memory per device'),
+        memory.length ? h('ul', { class: 'fits' }, memory) : h('p', {}, 'No training worker is running.'),
+        h('h3', {}, 'First examples (highlighted: the tokens the loss trains on)'),
+        ...preview);
+    }
+
+    form.addEventListener('submit', async (e) => {
+      e.preventDefault();
+      clearErrors();
+      const body = buildBody();
+      if (!body) return;
       submit.disabled = true;
       try {
         const job = await api('/v1/fine_tuning/jobs', { method: 'POST', json: body });

@@ -1,0 +1,238 @@
+"""Peak training memory per device, from a model's config and a job's hyperparameters: torch-free, so the
+API's pre-flight estimate (``POST /v1/fine_tuning/jobs/estimate``) computes it without a model loaded.
+
+What one device holds at the peak of a step, by part:
+
+- ``weights``: every parameter at its stored byte size (``weight_bytes``: 4 for fp32, 2 for a bf16 LoRA
+  base, ~0.5 for a 4-bit base once QLoRA lands: one more ``weight_bytes`` value, nothing else changes) plus
+  the trainable LoRA matrices in fp32;
+- ``gradients`` and ``optimizer``: fp32, of the trainable parameters only (AdamW keeps two moments);
+- ``activations``: what backward keeps of each decoder layer for the micro-batch's tokens (the per-layer
+  vectors below), or only each layer's input with gradient checkpointing plus one layer recomputed;
+- ``logits``: the LM head's chunk of float32 logits and its gradient (``trainers.losses.causal_lm`` never
+  holds more than one chunk);
+- ``reference``: the frozen copy of the policy a full-weight preference or RL job computes its reference
+  with (a LoRA job's reference is the adapter-disabled base: nothing more).
+
+FSDP divides weights, gradients and optimizer state by the ranks; activations stay per rank.
+The per-layer coefficients count the tensors autograd keeps in a Llama-style layer with
+``trainers.kernels.activation_memory`` installed; ``tests/trainers/test_memory_model.py`` holds them to
+measured peaks (within 25%), and ``bench/memory_estimate.py`` does so on SmolLM2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Device = Literal["cpu", "cuda"]
+
+# the LM head's logits chunk in elements (trainers.losses.causal_lm.CHUNK_ELEMENTS / CUDA_CHUNK_ELEMENTS):
+# the same numbers, stated again because that module imports torch; the memory test fails if they part
+HEAD_CHUNK_ELEMENTS: dict[Device, int] = {"cpu": 2**25, "cuda": 2**28}
+FP32 = 4
+ADAM_STATES = 2
+# projections "all-linear" adapts in a Llama-style layer (q, k, v, o, gate, up, down)
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The parts of a transformers config (``config.json``) that size a decoder's memory."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
+        """From a ``config.json`` dict; ``ValueError`` naming the first missing key."""
+        for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+            if not isinstance(config.get(key), int):
+                raise ValueError(f"model config has no integer {key!r}")
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            vocab_size=int(config["vocab_size"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each projection of one layer."""
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.q_dim, self.kv_dim
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def n_params(self) -> int:
+        layer = sum(a * b for a, b in self.linear_shapes().values()) + 2 * self.hidden_size  # + 2 norms
+        embeddings = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embeddings
+        return self.num_layers * layer + embeddings + head + self.hidden_size
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    """What a job's hyperparameters and data make of a step on one device."""
+
+    lora: bool
+    lora_r: int = 8
+    lora_target_modules: tuple[str, ...] | None = None  # None: every projection ("all-linear")
+    # bytes of one base weight as stored: 4 fp32, 2 bf16, 0.5 for a 4-bit (nf4) base
+    weight_bytes: float = FP32
+    compute_bytes: int = FP32  # the activations' dtype: 2 under bf16/fp16 autocast
+    micro_batch_rows: int = 1  # rows of the largest micro-batch
+    row_width: int = 1024  # its padded width in tokens
+    micro_batch_targets: int = 1024  # trained (loss) positions of that micro-batch
+    # the attention kernel takes the sequences' bounds (flash attention's varlen kernel on CUDA): no
+    # [rows, 1, width, width] mask is built
+    varlen_attention: bool = False
+    # rows of unequal lengths (padding): sdpa needs a mask; rows all as wide as the batch run causal alone
+    padded: bool = True
+    gradient_checkpointing: bool = False
+    reference: bool = False  # the method computes a reference policy
+    ranks: int = 1
+    sharded: bool = False  # fsdp: weights, gradients and optimizer state split over the ranks
+    device: Device = "cpu"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    logits: int
+    reference: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.reference
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "logits": self.logits,
+            "reference": self.reference,
+            "total": self.total,
+        }
+
+
+def lora_params(model: ModelShape, job: TrainingShape) -> int:
+    """Trainable parameters of the adapter: r x (in + out) per adapted projection per layer."""
+    targets = job.lora_target_modules or _LINEARS
+    per_layer = sum(job.lora_r * (a + b) for name, (a, b) in model.linear_shapes().items() if name in targets)
+    return model.num_layers * per_layer
+
+
+def _layer_activation_vectors(model: ModelShape, job: TrainingShape) -> float:
+    """Elements per token that backward keeps of one decoder layer (``activation_memory`` installed):
+    each RMSNorm's input (2 x hidden), q, k, v after RoPE and the attention output (q + 2 kv + q), the MLP's
+    gate(x) and up(x) (2 x intermediate); a LoRA layer adds its low-rank intermediates (r per adapted
+    projection)."""
+    h, i = model.hidden_size, model.intermediate_size
+    vectors = 2 * h + 2 * model.q_dim + 2 * model.kv_dim + 2 * i
+    if job.lora:
+        vectors += job.lora_r * len(job.lora_target_modules or _LINEARS)
+    return float(vectors)
+
+
+def estimate_memory(model: ModelShape, job: TrainingShape) -> MemoryEstimate:
+    """Peak bytes per device of one training step (module docstring)."""
+    base_params = model.n_params
+    share = job.ranks if job.sharded else 1
+    if job.lora:
+        trainable = lora_params(model, job)
+        weights = base_params * job.weight_bytes + trainable * FP32
+        reference = 0  # the adapter-disabled base
+    else:
+        trainable = base_params
+        weights = base_params * FP32
+        reference = base_params * FP32 if job.reference else 0
+    tokens = job.micro_batch_rows * job.row_width
+    per_token = _layer_activation_vectors(model, job) * job.compute_bytes
+    chunk_rows = max(1, min(job.micro_batch_targets, HEAD_CHUNK_ELEMENTS[job.device] // model.vocab_size))
+    logits = 2 * chunk_rows * model.vocab_size * FP32  # a chunk's logits and their gradient
+    if job.gradient_checkpointing:
+        # each layer's input kept; in backward one layer at a time is rebuilt whole (no
+        # activation_memory under checkpointing: + silu(gate) x up's two [tokens, intermediate] tensors
+        # and the norms' outputs); its gradients take the place of what backward frees (the tiny model's
+        # measured peaks fall within 0.9-1.25 of this)
+        whole = per_token + (2 * model.intermediate_size + 2 * model.hidden_size) * job.compute_bytes
+        rebuilt = math.ceil(tokens * whole)
+        activations: float = tokens * model.num_layers * model.hidden_size * job.compute_bytes + rebuilt
+        layer_phase = rebuilt
+    else:
+        activations = tokens * model.num_layers * per_token
+        layer_phase = math.ceil(tokens * per_token)  # the last layer's gradients replace its activations
+    # backward runs the head before any layer, and its logits are gone when the layers' gradients are
+    # taken: the peak is the larger of the two phases, so `logits` is what the head's needs beyond a layer's
+    logits = max(0, logits - layer_phase)
+    if job.padded and not job.varlen_attention:
+        # sdpa's mask for padded rows, built once per forward: a bool one and its float form
+        activations += job.micro_batch_rows * job.row_width**2 * (1 + job.compute_bytes)
+    # the embeddings' output and the final norm's input and output, kept at the decoder's ends
+    activations += tokens * 3 * model.hidden_size * job.compute_bytes
+    return MemoryEstimate(
+        weights=math.ceil(weights / share),
+        gradients=math.ceil(trainable * FP32 / share),
+        optimizer=math.ceil(trainable * FP32 * ADAM_STATES / share),
+        activations=math.ceil(activations),
+        logits=logits,
+        reference=math.ceil(reference / share),
+    )
+
+
+def precision_bytes(mixed_precision: str, device: Device) -> tuple[int, int]:
+    """(activation bytes, LoRA base weight bytes) of a job's ``mixed_precision`` on ``device``: the rule of
+    ``trainers.core.precision.autocast_dtype`` (bf16 autocast for ``auto`` on a GPU, only for an
+    explicit ``bf16`` on a CPU; ``fp16`` on a CPU is fp32) and ``modeling.loading.load_model`` (a LoRA
+    base is stored in bf16 only under bf16 autocast). A GPU without bf16 is taken to have it."""
+    if mixed_precision == "no" or (device == "cpu" and mixed_precision != "bf16"):
+        return FP32, FP32
+    if mixed_precision == "fp16":
+        return 2, FP32
+    return 2, 2
+
+
+def planned_steps(
+    *, examples: int, batch_size: int, accumulation: int, ranks: int, epochs: int, max_steps: int | None
+) -> int:
+    """Optimizer steps of a run, as ``trainers.core.loop`` plans them: ceil(examples / batch) micro-batches
+    an epoch, grouped by accumulation x ranks, times the epochs, capped at ``max_steps``."""
+    micro = math.ceil(max(examples, 1) / batch_size)
+    steps = math.ceil(micro / (accumulation * ranks)) * epochs
+    return min(steps, max_steps) if max_steps else steps

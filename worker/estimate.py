@@ -1,0 +1,84 @@
+"""The data half of a job's pre-flight estimate, on an inference worker (service/jobs/estimate_task.py):
+the model's config, and for a supervised job the file's token statistics, through the trainers' own
+tokenization (``trainers.data.sft_stats``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from service.config import get_settings
+from service.inference.replies import reply_writer
+from service.jobs.estimate_task import EstimateTask
+from service.storage import get_blob_store
+from service.storage.base import BlobStoreUnavailable
+from trainers.core.errors import DataError
+from trainers.data.jsonl_rows import JsonlRows
+from worker.models import ModelNotAvailable, resolve_model_path
+
+log = logging.getLogger("tunehouse.estimate")
+
+# methods whose data the estimate tokenizes: the SFT formats (the preference and prompt formats count
+# examples only, for now)
+TOKENIZED_METHODS = frozenset({"supervised"})
+
+
+def estimate_data(task: EstimateTask) -> dict[str, Any]:
+    """`{"model_config": config.json, "data": statistics | None}`; ModelNotAvailable, DataError,
+    BlobStoreUnavailable as the cases a client sees."""
+    settings, blobs = get_settings(), get_blob_store()
+    path = resolve_model_path(settings, blobs, tenant_id=task.tenant_id, name=task.model)
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    if task.method_type not in TOKENIZED_METHODS or task.max_length is None:
+        return {"model_config": config, "data": None}
+    from trainers.data.sft_stats import sft_file_stats
+    from trainers.modeling.loading import load_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="estimate-") as tmp:
+        local = Path(tmp) / "training_file.jsonl"
+        with local.open("wb") as fh:
+            blobs.copy_to(task.training_blob_key, fh)
+        stats = sft_file_stats(
+            JsonlRows(local, param="training_file"),
+            load_tokenizer(path),
+            max_length=task.max_length,
+            batch_size=task.batch_size,
+            preview=task.preview,
+        )
+    rows, width, targets = stats.largest_micro_batch(task.batch_size)
+    data = {**stats.as_dict(), "micro_batch": {"rows": rows, "width": width, "targets": targets}}
+    return {"model_config": config, "data": data}
+
+
+def serve_estimate(payload: dict[str, Any]) -> None:
+    task = EstimateTask.model_validate(payload)
+    if time.time() > task.deadline:
+        log.info("estimate %s: dropped, its client stopped waiting", task.request_id)
+        return
+    replies = reply_writer(get_settings(), task.request_id)
+    try:
+        replies.send({"type": "done", **estimate_data(task)})
+    except ModelNotAvailable as exc:
+        replies.send({"type": "error", "status": 400, "message": exc.message, "param": exc.param})
+    except DataError as exc:
+        param = exc.param or "training_file"
+        replies.send({"type": "error", "status": 400, "message": f"{param}: {exc.message}", "param": param})
+    except BlobStoreUnavailable as exc:
+        replies.send({"type": "error", "status": 503, "message": exc.message, "code": exc.code})
+    except Exception:
+        log.exception("estimate %s failed", task.request_id)
+        replies.send(
+            {
+                "type": "error",
+                "status": 500,
+                "message": f"The worker failed to estimate request {task.request_id}",
+                "param": None,
+                "code": "estimate_failed",
+            }
+        )
+    finally:
+        replies.close()
