@@ -183,9 +183,14 @@ def test_a_trainer_process_leaves_the_apis_libraries_unimported() -> None:
     (git log -p docs/benchmarks.md, the service overhead). Celery is the worker's: a trainer imports it only
     when it sends a message (a hand-back), ~25 ms otherwise."""
     modules = ("fastapi", "sqlalchemy.ext.asyncio", "redis.asyncio", "celery")
-    code = f"import sys, worker.job_process; print(sorted(m for m in {modules!r} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+
+    def imported_by(statement: str) -> str:
+        code = f"import sys; {statement}; print(sorted(m for m in {modules!r} if m in sys.modules))"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+    # peft imports bitsandbytes whenever it is installed (QLoRA), and bitsandbytes, through torch's
+    # inductor, imports redis (whose package imports redis.asyncio): a third party's cost, not ours
+    assert imported_by("import worker.job_process") == imported_by("import peft")
 
 
 def test_a_worker_sees_its_trainer_exit_when_it_exits_not_at_the_end_of_its_wait() -> None:
