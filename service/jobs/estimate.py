@@ -116,8 +116,8 @@ def _fit(
         micro_batch_targets=targets,
         gradient_checkpointing=bool(hp.get("gradient_checkpointing", False)),
         reference=_uses_reference(checked.method.type, hp),
-        ranks=checked.resources.gpus,
-        sharded=checked.resources.strategy == "fsdp" and checked.resources.gpus > 1,
+        ranks=checked.resources.ranks,
+        sharded=checked.resources.strategy == "fsdp" and checked.resources.ranks > 1,
         # flash attention's varlen kernel (no mask) runs on CUDA in half precision
         varlen_attention=device == "cuda" and compute == 2,
         padded=rows > 1,  # a lone row needs no attention mask
@@ -126,10 +126,10 @@ def _fit(
     breakdown = estimate_memory(model, shape).as_dict()
     fits: bool | None = None
     reason = None
-    if kind.gpus < checked.resources.gpus:
+    if kind.gpus < checked.resources.per_node:
         fits, reason = (
             False,
-            f"the job needs {checked.resources.gpus} devices, these workers have {kind.gpus}",
+            f"the job needs {checked.resources.per_node} devices a node, these workers have {kind.gpus}",
         )
     elif kind.device_memory_bytes is not None:
         fits = breakdown["total"] <= kind.device_memory_bytes
@@ -208,7 +208,7 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
         examples=trained_examples if trained_examples is not None else examples,
         batch_size=int(hp["batch_size"]),
         accumulation=int(hp.get("gradient_accumulation_steps", 1)),
-        ranks=checked.resources.gpus,
+        ranks=checked.resources.ranks,
         epochs=epochs,
         max_steps=hp.get("max_steps"),
     ) * int(hp.get("num_iterations", 1))
@@ -221,7 +221,7 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
                 examples=trained_examples or 1,
                 batch_size=int(hp["batch_size"]),
                 accumulation=int(hp.get("gradient_accumulation_steps", 1)),
-                ranks=checked.resources.gpus,
+                ranks=checked.resources.ranks,
                 epochs=epochs,
                 max_steps=None,
             )
@@ -230,7 +230,7 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
             per_epoch=per_epoch, total=total, loss_per_epoch=int(data["loss_tokens_per_epoch"])
         )
     batch = _micro_batch(method, hp, data)
-    queue = queue_for(settings.job_queue, checked.resources.gpus)
+    queue = queue_for(settings.job_queue, checked.resources)
     return EstimateObject(
         model=spec.model,
         method=method,
