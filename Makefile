@@ -20,8 +20,9 @@ run: setup
 # the suite in parallel processes (pytest-xdist; tests/conftest.py gives each its own database, Redis
 # databases and blob folder); a test file stays in one process, so its module fixtures start once
 TEST_WORKERS ?= 2
+# (the slowest tests are listed at the end, so that one that grew slow is seen when it lands)
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
