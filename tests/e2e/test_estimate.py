@@ -92,8 +92,9 @@ def test_estimate_predicts_the_run_and_stores_nothing(http: httpx.Client) -> Non
     again = http.post("/v1/fine_tuning/jobs/estimate", json=_body(file_id)).json()
     wall = again["estimated_wall_time"]
     assert wall["seconds"] is not None and wall["measured_jobs"] >= 1 and wall["tokens_per_second"] > 0
+    # the answer gives seconds to a tenth (abs) and the rate to a tenth of a token (rel)
     assert wall["seconds"] == pytest.approx(
-        again["trained_tokens"]["total"] / wall["tokens_per_second"], rel=0.01
+        again["trained_tokens"]["total"] / wall["tokens_per_second"], rel=0.01, abs=0.05
     )
 
 
