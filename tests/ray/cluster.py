@@ -127,11 +127,13 @@ class RayCluster:
         self.nodes.append(node)
         return ip
 
-    def kill_raylet(self, node: Path) -> None:
-        """The node dies: its raylet is SIGKILLed (its workers, the job's rank among them, follow it)."""
+    def kill_node(self, node: Path) -> None:
+        """The node dies: its raylet and every process under it (the job's rank among them) are SIGKILLed
+        at once. (Killing the raylet alone left its workers running for a while: on a quiet machine the
+        job could finish its last steps before the rank noticed.)"""
         procs = _processes()
         [raylet] = [p for p, (_, cmd) in procs.items() if "raylet/raylet " in cmd and f"{node}/" in cmd]
-        kill({raylet})
+        kill({raylet} | pids_of(f"{node}/"))
 
     def wait_nodes(self, alive: int, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout

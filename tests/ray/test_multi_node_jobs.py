@@ -233,9 +233,9 @@ def test_a_killed_node_is_survived(stack: Stack) -> None:
     while not _checkpoint_steps(client, job_id):
         assert time.monotonic() < deadline, ("no checkpoint was written", _events(client, job_id))
         time.sleep(0.1)
-    # the worker node (rank 1: STRICT_SPREAD puts one rank on each node) loses its raylet
+    # the worker node (rank 1: STRICT_SPREAD puts one rank on each node) dies
     killed_at = time.monotonic()
-    cluster.kill_raylet(cluster.nodes[1])
+    cluster.kill_node(cluster.nodes[1])
     assert client.get(f"/v1/fine_tuning/jobs/{job_id}").json()["current_step"] < total
     # the job waits for a node with room, and says so; then an autoscaler's replacement joins
     deadline = time.monotonic() + 180
