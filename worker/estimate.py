@@ -15,10 +15,10 @@ from service.config import get_settings
 from service.inference.replies import reply_writer
 from service.jobs.estimate_task import EstimateTask
 from service.storage import get_blob_store
-from service.storage.base import BlobStoreUnavailable
 from trainers.core.errors import DataError
 from trainers.data.jsonl_rows import JsonlRows
-from worker.models import ModelNotAvailable, resolve_model_path
+from worker.models import resolve_model_path
+from worker.replies import RequestRefused, errors_replied
 
 log = logging.getLogger("tunehouse.estimate")
 
@@ -60,25 +60,16 @@ def serve_estimate(payload: dict[str, Any]) -> None:
         log.info("estimate %s: dropped, its client stopped waiting", task.request_id)
         return
     replies = reply_writer(get_settings(), task.request_id)
-    try:
-        replies.send({"type": "done", **estimate_data(task)})
-    except ModelNotAvailable as exc:
-        replies.send({"type": "error", "status": 400, "message": exc.message, "param": exc.param})
-    except DataError as exc:
-        param = exc.param or "training_file"
-        replies.send({"type": "error", "status": 400, "message": f"{param}: {exc.message}", "param": param})
-    except BlobStoreUnavailable as exc:
-        replies.send({"type": "error", "status": 503, "message": exc.message, "code": exc.code})
-    except Exception:
-        log.exception("estimate %s failed", task.request_id)
-        replies.send(
-            {
-                "type": "error",
-                "status": 500,
-                "message": f"The worker failed to estimate request {task.request_id}",
-                "param": None,
-                "code": "estimate_failed",
-            }
-        )
-    finally:
-        replies.close()
+    with errors_replied(
+        replies,
+        request_id=task.request_id,
+        log=log,
+        failed=f"The worker failed to estimate request {task.request_id}",
+        code="estimate_failed",
+    ):
+        try:
+            data = estimate_data(task)
+        except DataError as exc:
+            param = exc.param or "training_file"
+            raise RequestRefused(f"{param}: {exc.message}", param=param) from exc
+        replies.send({"type": "done", **data})

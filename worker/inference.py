@@ -20,19 +20,11 @@ from service.config import Settings, get_settings
 from service.inference.replies import ReplyWriter, reply_writer
 from service.inference.task import InferenceTask
 from service.storage import BlobStore, get_blob_store
-from service.storage.base import BlobStoreUnavailable
 from worker.model_cache import LoadedModel, ModelCache, model_bytes
-from worker.models import ModelNotAvailable, resolve_model_path, unpack_checkpoint
+from worker.models import resolve_model_path, unpack_checkpoint
+from worker.replies import RequestRefused, errors_replied
 
 log = logging.getLogger("tunehouse.inference")
-
-
-class RequestRefused(Exception):
-    """The request cannot be served as asked (the client's fault): answered as a 400."""
-
-    def __init__(self, message: str, *, param: str) -> None:
-        super().__init__(message)
-        self.message, self.param = message, param
 
 
 @lru_cache
@@ -111,24 +103,13 @@ def serve_request(payload: dict[str, Any]) -> None:
         return
     settings = get_settings()
     replies = reply_writer(settings, task.request_id)
-    try:
+    with errors_replied(
+        replies,
+        request_id=task.request_id,
+        log=log,
+        failed=f"The inference worker failed on request {task.request_id}",
+        code="inference_failed",
+    ):
         key = task.weights.checkpoint_id or f"base:{task.weights.base}"
         loaded = model_cache().get(key, lambda: load_weights(settings, get_blob_store(), task.weights))
         generate(task, loaded, replies)
-    except (RequestRefused, ModelNotAvailable) as exc:
-        replies.send({"type": "error", "status": 400, "message": exc.message, "param": exc.param})
-    except BlobStoreUnavailable as exc:  # the checkpoint could not be fetched: the client may retry
-        replies.send({"type": "error", "status": 503, "message": exc.message, "code": exc.code})
-    except Exception:
-        log.exception("inference %s failed", task.request_id)
-        replies.send(
-            {
-                "type": "error",
-                "status": 500,
-                "message": f"The inference worker failed on request {task.request_id}",
-                "param": None,
-                "code": "inference_failed",
-            }
-        )
-    finally:
-        replies.close()
