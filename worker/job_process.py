@@ -21,6 +21,10 @@ previous checkpoint.
 
 from __future__ import annotations
 
+from worker.launch import leave_out_bitsandbytes_if_asked
+
+leave_out_bitsandbytes_if_asked()  # before the imports below import peft
+
 import logging
 import math
 import shlex

@@ -81,6 +81,21 @@ def worker_queues(settings: Settings) -> list[str]:
 
 TRAINER_MODULE = "worker.job_process"  # a trainer process's entry point
 
+# peft imports bitsandbytes whenever it is installed, and bitsandbytes imports torch's inductor: ~1 s of
+# CPU at every trainer's start (`import peft` ~4.4 s with it, ~3.4 s without, on a quiet 2-core host).
+# Only a quantized (QLoRA) job's trainer uses it, so every other trainer, and the spare, starts with
+# this variable set and leaves it out (`leave_out_bitsandbytes_if_asked`). Off by default: a process
+# started some other way (a Ray rank, a test) imports what peft imports.
+WITHOUT_BITSANDBYTES = "TUNEHOUSE_TRAINER_WITHOUT_BITSANDBYTES"
+
+
+def leave_out_bitsandbytes_if_asked() -> None:
+    """If this trainer was started with ``WITHOUT_BITSANDBYTES``, make bitsandbytes look not installed to
+    peft and transformers (``importlib.util.find_spec`` answers None for a module set to None, and its
+    import fails). Called before anything imports peft (worker/job_process.py's first lines)."""
+    if os.environ.get(WITHOUT_BITSANDBYTES) == "1":
+        sys.modules.setdefault("bitsandbytes", None)  # type: ignore[arg-type]
+
 
 def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: float) -> list[str]:
     """The trainer process of a job: itself for one rank, else the launcher of its `ranks` processes.
@@ -128,21 +143,29 @@ TRAINER_MALLOC_TUNABLES = (
 )
 
 
-def trainer_environment(base: Mapping[str, str]) -> dict[str, str]:
+def trainer_environment(base: Mapping[str, str], *, quantized: bool = False) -> dict[str, str]:
     """The environment of a trainer process: `base` with glibc's allocator told to keep freed memory,
     unless the operator set `GLIBC_TUNABLES` themselves (theirs wins). Other C libraries ignore it.
+    Without bitsandbytes (``WITHOUT_BITSANDBYTES``) unless the job is `quantized`.
 
     The variable goes last: glibc moves its string out of the block that holds the command line and
     the environment, and setproctitle (a spare trainer names itself after its job: spare_trainer.py)
     rewrites that block only up to the first string out of place."""
-    env = {k: v for k, v in base.items() if k != "GLIBC_TUNABLES"}
+    env = {k: v for k, v in base.items() if k not in ("GLIBC_TUNABLES", WITHOUT_BITSANDBYTES)}
+    if not quantized:
+        env[WITHOUT_BITSANDBYTES] = "1"
     env["GLIBC_TUNABLES"] = base.get("GLIBC_TUNABLES", TRAINER_MALLOC_TUNABLES)
     return env
 
 
-def start_trainer(command: list[str], *, stdin: int | None = None) -> subprocess.Popen[bytes]:
+def start_trainer(
+    command: list[str], *, stdin: int | None = None, quantized: bool = False
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        command, env=trainer_environment(os.environ), stdin=stdin, preexec_fn=die_with_parent
+        command,
+        env=trainer_environment(os.environ, quantized=quantized),
+        stdin=stdin,
+        preexec_fn=die_with_parent,
     )
 
 

@@ -27,6 +27,7 @@ from service.db import session_scope
 from service.jobs import lifecycle, repository
 from service.jobs.events import add_event, state_event
 from service.jobs.resources import job_resources
+from service.jobs.spec import load_method, quantization_of
 from service.queue import RUN_JOB_TASK, send_task
 from worker.launch import (
     driver_command,
@@ -125,6 +126,9 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
     settings = get_settings()
     with session_scope() as session:
         attempt, resources = repository.attempt_and_resources(session, job_id)
+        # only a QLoRA job's trainer imports bitsandbytes (worker/launch.py WITHOUT_BITSANDBYTES), so
+        # only a fresh trainer runs it: the spare started without
+        quantized = quantization_of(load_method(repository.method_of(session, job_id))) is not None
         need = job_resources(resources)
         gpus = need.ranks
         if need.multi_node:
@@ -141,14 +145,15 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
             data=state_event("running", worker=worker_id, attempt=attempt, ranks=gpus, nodes=need.nodes),
         )
 
-    proc = _spare.take(job_id, worker_id) if _spare is not None and gpus == 1 else None
+    spare_fits = _spare is not None and gpus == 1 and not quantized
+    proc = _spare.take(job_id, worker_id) if _spare is not None and spare_fits else None
     if proc is None:
         command = (
             driver_command(job_id, worker_id)
             if need.multi_node
             else trainer_command(job_id, worker_id, ranks=gpus, grace_seconds=settings.shutdown_grace_seconds)
         )
-        proc = start_trainer(command)
+        proc = start_trainer(command, quantized=quantized)
     lost_since: float | None = None
     stop_asked: float | None = None
     last_beat = time.monotonic()

@@ -77,6 +77,12 @@ def attempt_and_resources(session: Session, job_id: str) -> Row[int, dict[str, A
     return session.execute(select(Job.attempts, Job.resources).where(Job.id == job_id)).one()
 
 
+def method_of(session: Session, job_id: str) -> dict[str, Any]:
+    """The job's stored method spec (``service.jobs.spec.load_method`` reads it)."""
+    method: dict[str, Any] = session.execute(select(Job.method).where(Job.id == job_id)).scalar_one()
+    return method
+
+
 def control_state(session: Session, job_id: str) -> Row[str, str | None, bool]:
     """What a running job's trainer polls: status, lease holder and whether a pause was requested."""
     return session.execute(

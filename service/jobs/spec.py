@@ -170,10 +170,18 @@ def hyperparameter_problem(method: MethodBase) -> tuple[str, str] | None:
     return f"method.{method.type}.hyperparameters.{name}", message
 
 
+def quantization_of(method: MethodBase) -> str | None:
+    """The job's `quantization` ("nf4", "int8"), None for an unquantized base or a method without it."""
+    quantization = getattr(
+        getattr(getattr(method, method.type), "hyperparameters", None), "quantization", None
+    )
+    return quantization if isinstance(quantization, str) else None
+
+
 def resources_problem(method: MethodBase, resources: Resources) -> tuple[str, str] | None:
     """(param, message) where the resolved hyperparameters do not fit the job's `resources`: a quantized
     base is not sharded (FSDP splits weights that bitsandbytes keeps packed with their block scales)."""
-    quantization = resolved_values(method).get("quantization")
+    quantization = quantization_of(method)
     if quantization is None or resources.strategy != "fsdp":
         return None
     param = f"method.{method.type}.hyperparameters.quantization"

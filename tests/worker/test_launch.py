@@ -173,7 +173,11 @@ def test_a_trainer_merges_freed_blocks_across_small_ones(
 
 def test_an_operators_allocator_setting_wins() -> None:
     env = launch.trainer_environment({"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
-    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    assert env == {
+        "PATH": "/bin",
+        launch.WITHOUT_BITSANDBYTES: "1",
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
+    }
     assert launch.trainer_environment({})["GLIBC_TUNABLES"] == launch.TRAINER_MALLOC_TUNABLES
 
 
@@ -184,13 +188,40 @@ def test_a_trainer_process_leaves_the_apis_libraries_unimported() -> None:
     when it sends a message (a hand-back), ~25 ms otherwise."""
     modules = ("fastapi", "sqlalchemy.ext.asyncio", "redis.asyncio", "celery")
 
-    def imported_by(statement: str) -> str:
+    def imported_by(statement: str, **env: str) -> str:
         code = f"import sys; {statement}; print(sorted(m for m in {modules!r} if m in sys.modules))"
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **env},
+        ).stdout
 
-    # peft imports bitsandbytes whenever it is installed (QLoRA), and bitsandbytes, through torch's
-    # inductor, imports redis (whose package imports redis.asyncio): a third party's cost, not ours
-    assert imported_by("import worker.job_process") == imported_by("import peft")
+    # as the worker starts a trainer of an unquantized job: without bitsandbytes, which peft would import
+    # (and with it torch's inductor, which imports redis and with it redis.asyncio)
+    lean = launch.trainer_environment({})
+    assert lean[launch.WITHOUT_BITSANDBYTES] == "1"
+    assert imported_by("import worker.job_process", **lean) == "[]\n"
+
+
+def test_only_a_quantized_jobs_trainer_imports_bitsandbytes() -> None:
+    """peft imports bitsandbytes whenever it is installed (~1 s of each trainer's start); a trainer of an
+    unquantized job leaves it out, a QLoRA job's keeps it (tests/e2e's QLoRA job trains through it)."""
+    code = (
+        "import sys, worker.job_process, peft.import_utils as u; "
+        "print(u.is_bnb_available(), sys.modules.get('bitsandbytes') is not None)"
+    )
+
+    def run(env: dict[str, str]) -> str:
+        clean = {k: v for k, v in os.environ.items() if k != launch.WITHOUT_BITSANDBYTES}
+        return subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**clean, **env}
+        ).stdout.strip()
+
+    assert run(launch.trainer_environment({})) == "False False"
+    assert launch.WITHOUT_BITSANDBYTES not in launch.trainer_environment({}, quantized=True)
+    assert run(launch.trainer_environment({}, quantized=True)) == "True True"
 
 
 def test_a_worker_sees_its_trainer_exit_when_it_exits_not_at_the_end_of_its_wait() -> None:
