@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainers.core.callbacks import CheckpointInfo
@@ -226,7 +228,14 @@ def _load(path: Path) -> Any:
 def _save_model(
     model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path, *, final: bool
 ) -> None:
-    if isinstance(model, PeftModel):
+    if isinstance(model, PeftModel) and model.active_adapter != "default":
+        # one of several jobs' adapters on a shared base (trainers/families/shared_base.py): this one's
+        # alone, in the same files as a job's own; the export merges into a copy of the base weights
+        if final:
+            _export_merged_copy(model, path)
+        else:
+            _save_active_adapter(model, path)
+    elif isinstance(model, PeftModel):
         if final:
             _export(merged_model(model), path)
         else:
@@ -274,6 +283,37 @@ def merged_model(model: PeftModel) -> PreTrainedModel:
     merged = adapted.merge_and_unload()
     assert isinstance(merged, PreTrainedModel)
     return merged
+
+
+def _save_active_adapter(model: PeftModel, path: Path) -> None:
+    """The active adapter as ``save_pretrained`` writes a lone "default" one (``adapter_config.json`` and
+    ``adapter_model.safetensors`` in ``path``, not in a folder named after the adapter)."""
+    name = model.active_adapter
+    path.mkdir(parents=True, exist_ok=True)
+    model.peft_config[name].save_pretrained(str(path))
+    weights = get_peft_model_state_dict(model, adapter_name=name)
+    save_file({k: v.detach().contiguous() for k, v in weights.items()}, path / "adapter_model.safetensors")
+
+
+@torch.no_grad()
+def _export_merged_copy(model: PeftModel, path: Path) -> None:
+    """Export the base with the active adapter merged, as ``merged_model`` does, but into new tensors:
+    the base's own stay as they are (other jobs train on them). Costs one copy of the adapted layers'
+    weights while it writes."""
+    name = model.active_adapter
+    base = model.get_base_model()
+    assert isinstance(base, PreTrainedModel)
+    weights: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        if ".lora_" not in key:  # every adapter's weights; the wrapped layer's own as its plain name
+            weights[key.replace(".base_layer.", ".")] = value
+    for module_name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and name in module.lora_A:
+            own = module.get_base_layer().weight
+            delta = module.get_delta_weight(name)  # type: ignore[attr-defined]  # (every LoRA layer kind)
+            weights[f"{module_name}.weight"] = own + delta.to(own.dtype)
+    base.config.use_cache = True  # as `_export`
+    base.save_pretrained(path, state_dict=weights)
 
 
 def _export(model: PreTrainedModel, path: Path) -> None:

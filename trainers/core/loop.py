@@ -37,7 +37,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.core import distributed as dist
-from trainers.core import sharding
+from trainers.core import sharding, turns
 from trainers.core.callbacks import CheckpointInfo, NullCallbacks, StopRequest, TrainingCallbacks, TrainResult
 from trainers.core.checkpoint import (
     LoopState,
@@ -291,6 +291,7 @@ class _Loop(Generic[E, B]):
             # rank 0's clock decides (save_minutes): every rank takes part in writing the checkpoint
             if dist.agree(self._save_due()):
                 self._checkpoint_once(final=False)
+            turns.between_steps()  # other jobs on a shared base model step now (trainers/core/turns.py)
         final = self._checkpoint_once(final=True)
         return TrainResult(final, None, self.state.step, dict(self.state.metrics))
 

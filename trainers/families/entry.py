@@ -21,6 +21,7 @@ from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import TrainingConfig
 from trainers.core.errors import DataError
 from trainers.core.rng import seed_everything
+from trainers.families.shared_base import seat_of_this_thread, shareable
 from trainers.kernels.install import install_kernels
 from trainers.modeling.loading import ModelSettings, load_model, load_sequence_classifier, load_tokenizer
 from trainers.registry import get_method
@@ -77,7 +78,12 @@ def begin_on_rows(
 
 def load_model_to_train(settings: ModelSettings, device: torch.device) -> torch.nn.Module:
     """The model a method trains: loaded (``trainers.modeling.loading.load_model``), then the job's kernels
-    installed on it in one explicit call (``trainers.kernels.install.install_kernels``)."""
+    installed on it in one explicit call (``trainers.kernels.install.install_kernels``). A job on a shared
+    base (``trainers.families.shared_base``) gets its adapter on that base instead."""
+    seat = seat_of_this_thread()
+    if seat is not None and shareable(settings):
+        base, name = seat
+        return base.attach(name, settings, device)
     return install_kernels(load_model(settings, device), settings, device)
 
 

@@ -60,8 +60,11 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module:
-    """Base model (+ LoRA adapter), with trainable weights restored from ``settings.resume_from``."""
+def load_model(
+    settings: ModelSettings, device: torch.device, *, adapter_name: str = "default"
+) -> torch.nn.Module:
+    """Base model (+ LoRA adapter ``adapter_name``), with trainable weights restored from
+    ``settings.resume_from``."""
     compute = autocast_dtype(settings.mixed_precision, device)
     resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
     if settings.use_lora:
@@ -69,9 +72,9 @@ def load_model(settings: ModelSettings, device: torch.device) -> torch.nn.Module
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
             settings.model_path, dtype=base_dtype, **_quantized(settings, base_dtype, device)
         )
-        model = _add_lora(model, settings)
+        model = _add_lora(model, settings, adapter_name)
         if resume_model is not None:
-            set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
+            restore_adapter(model, resume_model, adapter_name)
     else:
         source = str(resume_model) if resume_model is not None else settings.model_path
         model = AutoModelForCausalLM.from_pretrained(
@@ -102,20 +105,32 @@ def _to(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     return torch.nn.Module.to(model, device)
 
 
-def _add_lora(model: torch.nn.Module, settings: ModelSettings) -> PeftModel:
-    config = LoraConfig(
+def restore_adapter(model: PeftModel, folder: Path, adapter_name: str) -> None:
+    """Adapter ``adapter_name``'s weights from a checkpoint's model folder (``adapter_model.safetensors``:
+    one adapter, whatever it was named in the run that saved it)."""
+    set_peft_model_state_dict(
+        model, load_file(folder / "adapter_model.safetensors"), adapter_name=adapter_name
+    )
+
+
+def lora_config(settings: ModelSettings) -> LoraConfig:
+    return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=settings.lora_r,
         lora_alpha=settings.lora_alpha,
         lora_dropout=settings.lora_dropout,
         target_modules=settings.lora_target_modules or "all-linear",  # all-linear excludes the LM head
     )
+
+
+def _add_lora(model: torch.nn.Module, settings: ModelSettings, adapter_name: str = "default") -> PeftModel:
+    config = lora_config(settings)
     with warnings.catch_warnings():
         # peft 0.21 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates (FutureWarning).
         warnings.filterwarnings(
             "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
         )
-        peft_model = get_peft_model(model, config)
+        peft_model = get_peft_model(model, config, adapter_name=adapter_name)
     assert isinstance(peft_model, PeftModel)
     return peft_model
 

@@ -1,0 +1,169 @@
+"""Several LoRA jobs on one copy of the base (trainers/families/shared_base.py): each computes what it
+computes alone, its files are a lone job's files, and the base is left as it was loaded."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tests.trainers.helpers import Recorder
+from tests.trainers.methods.test_dpo import separable_rows
+from trainers.core.callbacks import TrainResult
+from trainers.families.shared_base import SharedBase
+from trainers.methods.dpo import DPOConfig, train_dpo
+from trainers.methods.sft import SFTConfig, train_sft
+
+# Interleaving whole steps runs each job's operations in its own order on the same weights, with its own
+# random state restored at each turn: the same numbers as alone. What may differ is only CPU kernels'
+# thread scheduling (deterministic here), so the tolerance is float32's rounding of a loss, not a
+# training-noise margin: a job that saw another's adapter, data order or dropout mask moves by > 1e-3.
+REL = 1e-6
+
+Run = Callable[[], TrainResult]
+
+
+def _jobs(tiny: Path, tmp: Path, rows: list[dict[str, Any]]) -> dict[str, Callable[[], Run]]:
+    def sft(name: str, **hp: Any) -> Callable[[], Run]:
+        def make() -> Run:
+            config = SFTConfig(
+                model_path=str(tiny), output_dir=str(tmp / name), use_lora=True, n_epochs=1, **hp
+            )
+            recorder = Recorder()
+            runs[name] = recorder
+            return lambda: train_sft(config, rows, callbacks=recorder)
+
+        return make
+
+    def dpo(name: str) -> Callable[[], Run]:
+        def make() -> Run:
+            config = DPOConfig(
+                model_path=str(tiny), output_dir=str(tmp / name), use_lora=True, n_epochs=1, batch_size=4
+            )
+            recorder = Recorder()
+            runs[name] = recorder
+            return lambda: train_dpo(config, separable_rows(16), callbacks=recorder)
+
+        return make
+
+    runs.clear()
+    return {
+        # dropout draws from the global generator: each job must draw from its own
+        "sft-a": sft("sft-a", seed=1, learning_rate=1e-3, batch_size=4, lora_dropout=0.1),
+        "sft-b": sft("sft-b", seed=2, learning_rate=5e-3, batch_size=8, lora_r=4),
+        "dpo": dpo("dpo"),
+    }
+
+
+runs: dict[str, Recorder] = {}
+
+
+def _losses(recorder: Recorder) -> list[float]:
+    return [row["loss"] for row in recorder.steps]
+
+
+def _final_weights(recorder: Recorder) -> dict[str, torch.Tensor]:
+    final = recorder.checkpoints[-1]
+    assert final.final
+    return load_file(final.path / "model" / "model.safetensors")
+
+
+def test_jobs_on_a_shared_base_train_as_they_do_alone(
+    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    alone: dict[str, Recorder] = {}
+    for name, make in _jobs(tiny_model_path, tmp_path / "alone", demo_rows).items():
+        make()()
+        alone[name] = runs[name]
+
+    base = SharedBase()
+    errors: list[BaseException] = []
+
+    def run_on(name: str, job: Run) -> None:
+        try:
+            with base.seat(name):
+                job()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run_on, args=(name, make()))
+        for name, make in _jobs(tiny_model_path, tmp_path / "shared", demo_rows).items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, errors
+    for name, solo in alone.items():
+        assert len(solo.steps) > 3
+        assert _losses(runs[name]) == pytest.approx(_losses(solo), rel=REL), name
+        # the download: the adapter merged into a copy of the base, the same weights as a lone job's
+        shared, own = _final_weights(runs[name]), _final_weights(solo)
+        assert shared.keys() == own.keys()
+        for key, value in own.items():
+            assert torch.allclose(shared[key], value, rtol=REL, atol=1e-7), (name, key)
+    assert base.jobs == []
+
+
+def test_the_jobs_interleave_and_leave_the_base_as_loaded(
+    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Turns alternate step by step (neither job waits for the other's end), the adapters hold the base
+    once, and after exporting both the base's weights are still the loaded ones."""
+    base = SharedBase()
+    order: list[str] = []
+    seen: dict[str, torch.nn.Module] = {}
+
+    class Noting(Recorder):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def on_step(self, row: dict[str, float]) -> None:
+            order.append(self.name)
+            seen[self.name] = base._model  # type: ignore[assignment]  # the model object it trains
+            super().on_step(row)
+
+    def job(name: str) -> None:
+        config = SFTConfig(
+            model_path=str(tiny_model_path),
+            output_dir=str(tmp_path / name),
+            use_lora=True,
+            n_epochs=1,
+            batch_size=4,
+        )
+        with base.seat(name):
+            train_sft(config, demo_rows, callbacks=Noting(name))
+            assert base._model is not None
+            loaded = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+            own = base._model.get_base_model().state_dict()
+            for key, value in loaded.state_dict().items():
+                held = own.get(key, own.get(key.rsplit(".", 1)[0] + ".base_layer." + key.rsplit(".", 1)[1]))
+                assert held is not None and torch.equal(held, value), key
+
+    threads = [threading.Thread(target=job, args=(name,)) for name in ("x", "y")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert seen["x"] is seen["y"]  # one model object
+    firsts = {name: order.index(name) for name in ("x", "y")}
+    lasts = {name: len(order) - 1 - order[::-1].index(name) for name in ("x", "y")}
+    assert max(firsts.values()) < min(lasts.values()), order  # each started before the other ended
+    switches = sum(1 for a, b in itertools.pairwise(order) if a != b)
+    assert switches >= len(order) - 2, order  # step by step, in turn
+
+
+def test_a_shared_base_refuses_a_job_that_needs_its_own(tiny_model_path: Path, tmp_path: Path) -> None:
+    base = SharedBase()
+    config = DPOConfig(model_path=str(tiny_model_path), output_dir=str(tmp_path), use_lora=False)
+    with pytest.raises(ValueError, match="LoRA"):
+        base.attach("full", config, torch.device("cpu"))

@@ -1,0 +1,174 @@
+"""Several LoRA jobs training in one process on one copy of their base model.
+
+A LoRA job trains a few million adapter weights beside a frozen base of billions; jobs on the same base
+(a learning-rate sweep, teams tuning one model) need the base once. A ``SharedBase`` holds it and gives
+each job its own named adapter on it; each job keeps everything else of its own: optimizer, data order,
+random state, schedule, checkpoints and reports, since each runs the ordinary method code and loop in a
+thread of its own (worker/shared_base_host.py starts those threads).
+
+One job at a time. A job's thread holds the model from its start to its end except between optimizer
+steps (``trainers.core.turns``), where it passes the turn to the next waiting job in arrival order and
+then waits for its own. Whoever holds the turn has its adapter active and its own random state in the
+global generators (dropout, sampling), so each job computes what it would alone: the same seed gives the
+same adapter initialisation, batches and losses as a run in a process of its own (tests hold this).
+Interleaving whole steps rather than batching the jobs' rows through one forward (multi-LoRA batching)
+keeps each step exactly the solo step; on a CPU the base's products dominate either way.
+
+What differs from a job alone is only where the trainable weights live: its adapter is one of several
+on the model (``attach``), its checkpoints hold that adapter alone, and its final export merges it into
+a copy of the base weights instead of into the base itself (``trainers.core.checkpoint``), which the
+other jobs still train on. The last job to leave frees the base.
+
+Eligible: LoRA on an unquantized causal LM (``shareable``); a method that loads another model (a reward
+model's classifier) loads its own, in its turn.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+
+from trainers.core import turns
+from trainers.core.checkpoint import MODEL_DIR
+from trainers.core.rng import capture_rng_state, restore_rng_state
+from trainers.kernels.install import install_kernels
+from trainers.modeling.loading import ModelSettings, load_model, lora_config, restore_adapter
+
+_local = threading.local()
+
+
+class _FairTurn:
+    """A lock handed to its waiters in arrival order. A plain lock wakes any waiter, and a thread that
+    releases and at once acquires again usually wins it back: the other jobs would starve."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._waiting: deque[object] = deque()
+        self._held = False
+
+    def acquire(self) -> None:
+        me = object()
+        with self._cond:
+            self._waiting.append(me)
+            self._cond.wait_for(lambda: not self._held and self._waiting[0] is me)
+            self._waiting.popleft()
+            self._held = True
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class BaseKey:
+    """What must be equal for two jobs to train on one copy of the base: the weights, their dtype (from
+    the precision), the kernels installed on the model, and the device."""
+
+    model_path: str
+    mixed_precision: str
+    gradient_checkpointing: bool
+    device: str
+
+
+def shareable(settings: ModelSettings) -> bool:
+    """Whether a job with these settings can train on a shared base: a LoRA adapter on an unquantized
+    base (a quantized one would need its dequantized copy per export; it runs alone)."""
+    return settings.use_lora and settings.quantization is None
+
+
+class SharedBase:
+    """One base model and the adapters of the jobs training on it (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._turn = _FairTurn()
+        self._model: PeftModel | None = None
+        self._key: BaseKey | None = None
+        self._lock = threading.Lock()  # the adapter names, read by `jobs` from other threads
+        self._names: list[str] = []
+
+    @property
+    def jobs(self) -> list[str]:
+        """The adapters on the base now (job ids)."""
+        with self._lock:
+            return list(self._names)
+
+    @contextmanager
+    def seat(self, name: str) -> Iterator[None]:
+        """Train as ``name`` in this thread for the duration: waits for the turn, holds it but between
+        optimizer steps, and on leaving removes the adapter (or frees the base, if it was the last)."""
+        self._turn.acquire()
+        _local.seat = (self, name)
+        turns.set_pass_turn(partial(self._pass_turn, name))
+        try:
+            yield
+        finally:
+            turns.set_pass_turn(None)
+            _local.seat = None
+            try:
+                self._detach(name)
+            finally:
+                self._turn.release()
+
+    def _pass_turn(self, name: str) -> None:
+        state = capture_rng_state()
+        self._turn.release()
+        self._turn.acquire()
+        restore_rng_state(state)
+        if self._model is not None and name in self._model.peft_config:
+            self._model.set_adapter(name)
+            self._model.train()  # what the loop expects at a step's start (another job may have evaluated)
+
+    def attach(self, name: str, settings: ModelSettings, device: torch.device) -> PeftModel:
+        """The shared model with adapter ``name`` added (its weights from ``settings.resume_from`` when
+        resuming) and active; the first job loads the base, with the kernels of its settings."""
+        if not shareable(settings):
+            raise ValueError("a shared base trains LoRA adapters on an unquantized base only")
+        key = BaseKey(
+            settings.model_path, settings.mixed_precision, settings.gradient_checkpointing, str(device)
+        )
+        if self._model is None:
+            model = load_model(settings, device, adapter_name=name)
+            assert isinstance(model, PeftModel)
+            install_kernels(model, settings, device)
+            self._model, self._key = model, key
+        else:
+            if key != self._key:
+                raise ValueError(f"job {name} needs base {key}, this process holds {self._key}")
+            self._model.add_adapter(name, lora_config(settings))
+            if settings.resume_from:
+                restore_adapter(self._model, Path(settings.resume_from) / MODEL_DIR, name)
+        self._model.set_adapter(name)
+        with self._lock:
+            self._names.append(name)
+        return self._model
+
+    def _detach(self, name: str) -> None:
+        with self._lock:
+            if name not in self._names:
+                return
+            self._names.remove(name)
+            last = not self._names
+        assert self._model is not None
+        if last:
+            self._model, self._key = None, None  # nobody trains on it now: free it
+        else:
+            with warnings.catch_warnings():  # "Adapter X was active which is now deleted": as meant
+                warnings.simplefilter("ignore", UserWarning)
+                self._model.delete_adapter(name)
+
+
+def seat_of_this_thread() -> tuple[SharedBase, str] | None:
+    """The shared base and adapter name this thread trains as, if it runs a job on a shared base."""
+    seat: Any = getattr(_local, "seat", None)
+    return seat if isinstance(seat, tuple) else None
