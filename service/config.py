@@ -164,6 +164,9 @@ class Settings(BaseSettings):
     # are most of the time from claim to first step; it holds a few hundred MB while idle):
     # worker/spare_trainer.py
     spare_trainer: bool = True
+    # LoRA jobs on the same base model (same precision, unquantized) that one worker trains at once in
+    # one process holding the base once, turn by turn (worker/shared_runs.py); 1: each job alone
+    shared_base_jobs: int = Field(default=4, ge=1, le=64)
 
     # Webhooks (service/webhooks/, delivered by worker/webhooks.py): a failed delivery is retried after
     # backoff, 2x backoff, 4x ... (capped at webhook_backoff_max_seconds) until webhook_max_attempts

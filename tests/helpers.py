@@ -154,7 +154,8 @@ def spare_trainers(worker: int) -> list[int]:
 
 def trainer_pid(job_id: str, *, rank: int | None = None) -> int | None:
     """The per-job trainer process (`python -m worker.job_process JOB_ID ...`) of this job, if alive; of a
-    multi-GPU job, the process of `rank` (RANK in its environment; its launcher has the same argv)."""
+    multi-GPU job, the process of `rank` (RANK in its environment; its launcher has the same argv). A job
+    on a shared base: the process that trains it with the others (its command line names them all)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

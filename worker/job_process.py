@@ -53,11 +53,12 @@ from trainers.core.distributed import CollectiveError
 from trainers.core.errors import DataError
 from trainers.core.loop import NullCallbacks, StopRequest
 from trainers.data.jsonl_rows import JsonlRows
+from trainers.families.shared_base import SharedBase
 from trainers.registry import METHODS, resolve
-from worker import reference_log_probs
+from worker import reference_log_probs, shared_base_host
 from worker.checkpoints import restore_latest_checkpoint
 from worker.graders import reward_set
-from worker.launch import die_with_parent, trainer_command
+from worker.launch import HOST_FLAG, TRAINER_MODULE, die_with_parent, trainer_command
 from worker.methods import RunInputs, keeps_reference_log_probs, run_method
 from worker.models import ModelNotAvailable, resolve_model_path
 from worker.outage import blob_outage_event, retry_blob, retry_db
@@ -196,12 +197,25 @@ def run(job_id: str, worker_id: str, *, shutdown: threading.Event | None = None)
 
 def _make_workdir(prefix: str) -> Path:
     """The job's scratch folder in the data dir, also where the trainer's tokenized examples spill
-    (``trainers.data.example_store`` writes to ``tempfile``'s directory): the data disk, not a small /tmp."""
+    (``trainers.data.example_store`` writes to ``tempfile``'s directory): the data disk, not a small /tmp.
+    A process that trains several jobs (a shared base) points ``tempfile`` at the data dir once instead."""
     data_dir = get_settings().data_dir
     data_dir.mkdir(parents=True, exist_ok=True)  # a Ray node may not have run a job before
     workdir = Path(tempfile.mkdtemp(dir=data_dir, prefix=prefix))
-    tempfile.tempdir = str(workdir)
+    if threading.current_thread() is threading.main_thread():
+        tempfile.tempdir = str(workdir)
     return workdir
+
+
+def run_on_shared_base(job_id: str, worker_id: str, base: SharedBase, shutdown: threading.Event) -> None:
+    """Run the job in this thread, as one of the jobs on the process's shared base model
+    (worker/shared_base_host.py): its LoRA adapter on ``base``, everything else as in ``run``. One rank."""
+    with session_scope() as session:
+        job = repository.job(session, job_id)
+        assert job is not None
+        session.expunge_all()
+    with base.seat(job_id):
+        _run_main(job, load_method(job.method), worker_id=worker_id, shutdown=shutdown)
 
 
 def _run_other_rank(job: Job, method: MethodBase) -> None:
@@ -367,10 +381,14 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
 
 def wait_as_spare() -> None:
     """A spare trainer (worker/spare_trainer.py): with this module imported, import the methods'
-    trainers too, then wait for "JOB_ID WORKER_ID" on stdin and run that job; end without one."""
+    trainers too, then wait for "JOB_ID WORKER_ID" on stdin and run that job, or for
+    "--shared-base WORKER_ID NOTICES" and be a shared-base trainer; end without either."""
     for method in METHODS.values():
         resolve(method.trainer), resolve(method.config)
     line = sys.stdin.readline().split()
+    if len(line) == 3 and line[0] == HOST_FLAG:
+        serve_shared_base(line[1], line[2])
+        return
     if len(line) != 2:
         return  # stdin closed: the worker stops
     job_id, worker_id = line
@@ -379,11 +397,19 @@ def wait_as_spare() -> None:
     run(job_id, worker_id)
 
 
+def serve_shared_base(worker_id: str, notices: str) -> None:
+    """Be the trainer of this worker's jobs on one shared base (worker/shared_base_host.py)."""
+    title = [sys.executable, "-m", TRAINER_MODULE, HOST_FLAG, worker_id, notices]
+    shared_base_host.serve(worker_id, notices, run_on_shared_base, title=title)
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if distributed.launched_ranks() > 1:
         die_with_parent()  # a rank's parent is the launcher, not the supervisor
     if sys.argv[1] == SPARE_FLAG:
         wait_as_spare()
+    elif sys.argv[1] == HOST_FLAG:
+        serve_shared_base(sys.argv[2], sys.argv[3])
     else:
         run(sys.argv[1], sys.argv[2])

@@ -80,6 +80,7 @@ def worker_queues(settings: Settings) -> list[str]:
 
 
 TRAINER_MODULE = "worker.job_process"  # a trainer process's entry point
+HOST_FLAG = "--shared-base"  # its flag to train several jobs on one base (worker/shared_base_host.py)
 
 # peft imports bitsandbytes whenever it is installed, and bitsandbytes imports torch's inductor: ~1 s of
 # CPU at every trainer's start (`import peft` ~4.4 s with it, ~3.4 s without, on a quiet 2-core host).
@@ -114,6 +115,11 @@ def trainer_command(job_id: str, worker_id: str, *, ranks: int, grace_seconds: f
         f"--shutdown-timeout={math.ceil(grace_seconds)}",
     ]
     return [sys.executable, *launcher, *entry]
+
+
+def shared_base_command(worker_id: str, notices: str) -> list[str]:
+    """A trainer of several LoRA jobs on one base (worker/shared_base_host.py), writing to `notices`."""
+    return [sys.executable, "-m", TRAINER_MODULE, HOST_FLAG, worker_id, notices]
 
 
 DRIVER_MODULE = "worker.ray_driver"  # a multi-node job's driver: it runs the ranks on Ray
@@ -159,12 +165,13 @@ def trainer_environment(base: Mapping[str, str], *, quantized: bool = False) -> 
 
 
 def start_trainer(
-    command: list[str], *, stdin: int | None = None, quantized: bool = False
+    command: list[str], *, stdin: int | None = None, quantized: bool = False, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         command,
         env=trainer_environment(os.environ, quantized=quantized),
         stdin=stdin,
+        pass_fds=pass_fds,
         preexec_fn=die_with_parent,
     )
 

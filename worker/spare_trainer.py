@@ -17,7 +17,7 @@ import logging
 import subprocess
 import sys
 
-from worker.launch import TRAINER_MODULE, start_trainer
+from worker.launch import HOST_FLAG, TRAINER_MODULE, start_trainer
 
 log = logging.getLogger("tunehouse.worker")
 
@@ -39,19 +39,30 @@ class SpareTrainer:
 
     def take(self, job_id: str, worker_id: str) -> subprocess.Popen[bytes] | None:
         """The spare, now training `job_id` for `worker_id`; None if there is none alive to take it."""
+        return self._give(f"{job_id} {worker_id}", job_id, keep_stdin=False)
+
+    def take_as_shared_base(self, worker_id: str, notices: str) -> subprocess.Popen[bytes] | None:
+        """The spare, now a shared-base trainer (worker/shared_base_host.py) whose stdin stays open for its
+        commands; None if there is none alive to take it."""
+        return self._give(f"{HOST_FLAG} {worker_id} {notices}", "a shared base", keep_stdin=True)
+
+    def _give(self, line: str, what: str, *, keep_stdin: bool) -> subprocess.Popen[bytes] | None:
         proc, self._proc = self._proc, None
         if proc is None:
             return None
         assert proc.stdin is not None
         try:
             if proc.poll() is None:
-                proc.stdin.write(f"{job_id} {worker_id}\n".encode())
-                proc.stdin.close()
+                proc.stdin.write(f"{line}\n".encode())
+                if keep_stdin:
+                    proc.stdin.flush()
+                else:
+                    proc.stdin.close()
                 return proc
             why = f"exited with {proc.returncode}"
         except OSError as exc:  # BrokenPipeError: it died since
             why = str(exc)
-        log.warning("spare trainer %s is gone (%s); job %s starts a fresh one", proc.pid, why, job_id)
+        log.warning("spare trainer %s is gone (%s); %s starts a fresh one", proc.pid, why, what)
         proc.kill()
         proc.wait()
         return None

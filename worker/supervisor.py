@@ -39,6 +39,7 @@ from worker.launch import (
 )
 from worker.outage import is_outage
 from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
+from worker.shared_runs import run_shared, share_key
 from worker.spare_trainer import SpareTrainer
 
 log = logging.getLogger("tunehouse.worker")
@@ -103,9 +104,8 @@ def supervise_job(job_id: str, *, worker_id: str | None = None) -> str | None:
             "run message for %s: no job of queues %s may start; dropped", job_id, worker_queues(settings)
         )
     while current is not None:
-        status = _run_claimed(current, worker_id=worker_id)
-        if current == job_id:
-            ran = status
+        statuses = _run_claimed(current, worker_id=worker_id)
+        ran = statuses.get(job_id, ran)
         if _shutdown.is_set():
             break
         current = _claim_next(worker_id)
@@ -121,14 +121,11 @@ def _claim_next(worker_id: str) -> str | None:
     )
 
 
-def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
-    """Run a job this worker has claimed to its end (or hand-back); returns its status then."""
+def _announce_start(job_id: str, worker_id: str, how: str | None = None) -> None:
+    """The job's "Job started" event: where, which attempt, and `how` (on a shared base)."""
     settings = get_settings()
     with session_scope() as session:
         attempt, resources = repository.attempt_and_resources(session, job_id)
-        # only a QLoRA job's trainer imports bitsandbytes (worker/launch.py WITHOUT_BITSANDBYTES), so
-        # only a fresh trainer runs it: the spare started without
-        quantized = quantization_of(load_method(repository.method_of(session, job_id))) is not None
         need = job_resources(resources)
         gpus = need.ranks
         if need.multi_node:
@@ -141,9 +138,44 @@ def _run_claimed(job_id: str, *, worker_id: str) -> str | None:
         add_event(
             session,
             job_id,
-            f"Job started on {on} (attempt {attempt})",
-            data=state_event("running", worker=worker_id, attempt=attempt, ranks=gpus, nodes=need.nodes),
+            f"Job started on {on} (attempt {attempt})" + (f", {how}" if how else ""),
+            data=state_event(
+                "running",
+                worker=worker_id,
+                attempt=attempt,
+                ranks=gpus,
+                nodes=need.nodes,
+                shared=how is not None,
+            ),
         )
+
+
+def _run_claimed(job_id: str, *, worker_id: str) -> dict[str, str | None]:
+    """Run a job this worker has claimed to its end (or hand-back), alone or with the jobs that join it on
+    a shared base (worker/shared_runs.py); returns the status then of each job run."""
+    settings = get_settings()
+    key = share_key(job_id) if settings.shared_base_jobs > 1 else None
+    if key is not None:
+        statuses = run_shared(
+            job_id, key, worker_id=worker_id, shutdown=_shutdown, announce=_announce_start, spare=_spare
+        )
+        if _spare is not None and not _shutdown.is_set():
+            _spare.start()  # the spare became the shared trainer: start the next
+        return statuses
+    return {job_id: _run_alone(job_id, worker_id=worker_id)}
+
+
+def _run_alone(job_id: str, *, worker_id: str) -> str | None:
+    """Run the job in a trainer process of its own; returns its status then."""
+    settings = get_settings()
+    _announce_start(job_id, worker_id)
+    with session_scope() as session:
+        resources = repository.attempt_and_resources(session, job_id)[1]
+        # only a QLoRA job's trainer imports bitsandbytes (worker/launch.py WITHOUT_BITSANDBYTES), so
+        # only a fresh trainer runs it: the spare started without
+        quantized = quantization_of(load_method(repository.method_of(session, job_id))) is not None
+    need = job_resources(resources)
+    gpus = need.ranks
 
     spare_fits = _spare is not None and gpus == 1 and not quantized
     proc = _spare.take(job_id, worker_id) if _spare is not None and spare_fits else None

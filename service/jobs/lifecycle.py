@@ -23,7 +23,7 @@ message only says that some job waits.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, func, or_, select, update
@@ -112,9 +112,17 @@ def stale_running_jobs(session: Session, *, lease_timeout: float) -> list[str]:
     return list(session.scalars(stmt))
 
 
-def claim_fair(*, worker_id: str, queues: Sequence[str], max_running_per_tenant: int) -> str | None:
+def claim_fair(
+    *,
+    worker_id: str,
+    queues: Sequence[str],
+    max_running_per_tenant: int,
+    accept: Callable[[str], bool] | None = None,
+) -> str | None:
     """Claim the fairest queued job of `queues` (service/jobs/fairness.py) for `worker_id`; its id, or
     None when no such job may start (none queued, or every waiting tenant at its running-job limit).
+    With `accept`, the fairest job that may start is claimed only if `accept(its id)`, else none: a
+    worker that can take only some jobs now (worker/shared_runs.py) does not pass over fairer ones.
 
     Each attempt is its own transaction: a conditional UPDATE (still queued) lets one worker win a job;
     with a limit the tenant's row is locked first (SELECT ... FOR UPDATE), so two workers cannot both
@@ -135,6 +143,8 @@ def claim_fair(*, worker_id: str, queues: Sequence[str], max_running_per_tenant:
                 if (running or 0) >= max_running_per_tenant:
                     at_limit.add(waiting.tenant_id)
                     continue
+            if accept is not None and not accept(waiting.job_id):
+                return None
             if _take(session, job_id=waiting.job_id, worker_id=worker_id, runnable=Job.status == "queued"):
                 return waiting.job_id
     return None
