@@ -18,7 +18,12 @@ from tests.conftest import _stop, redis_db, start_server
 from tests.helpers import chat_rows, spare_trainers, trainer_pid, until, upload_ok, wait_for
 
 BROKER = redis_db(4)
-ENV = {"TUNEHOUSE_BROKER_URL": BROKER, "TUNEHOUSE_JOB_QUEUE": "tunehouse-spare"}
+# lone trainers (a spare also becomes a shared-base trainer: tests/e2e/test_shared_base.py)
+ENV = {
+    "TUNEHOUSE_BROKER_URL": BROKER,
+    "TUNEHOUSE_JOB_QUEUE": "tunehouse-spare",
+    "TUNEHOUSE_SHARED_BASE_JOBS": "1",
+}
 
 
 def _one_spare(worker: int) -> int | None:
