@@ -503,6 +503,12 @@ async def _run(tinker: Tinker, tenant_id: str, run: dict[str, str], model_id: st
         "last_checkpoint": _checkpoint(last["weights"]) if last["weights"] else None,
         "last_sampler_checkpoint": _checkpoint(last["sampler_weights"]) if last["sampler_weights"] else None,
         "user_metadata": {k: str(v) for k, v in json.loads(run.get("metadata", "{}")).items()},
+        # tunehouse's own, for the dashboard (the SDK ignores fields it does not know): the calls sent
+        # for this run, its optim_steps, and the loss:sum of its last forward / forward_backward
+        "calls": int(run.get("calls", 0)),
+        "steps": int(run.get("steps", 0)),
+        "last_loss": float(run["last_loss"]) if "last_loss" in run else None,
+        "created_time": _iso(run["created"]),
     }
 
 

@@ -116,9 +116,15 @@ def test_a_saved_state_is_a_jobs_model(stack: Stack, host: None, key: str) -> No
     """save_state gives an ft: model that a fine-tuning job trains further (its adapter merged in)."""
     service = _service(stack, key)
     training = service.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
-    training.forward_backward([_datum(SEQUENCE)], "cross_entropy").result()
+    loss = training.forward_backward([_datum(SEQUENCE)], "cross_entropy").result().metrics["loss:sum"]
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     path = training.save_state("for-a-job").result().path
+    # the run's listing carries tunehouse's own fields, which the dashboard shows (SDK ignores them)
+    run = httpx.get(
+        f"{stack.url}/api/v1/training_runs/{training.model_id}", headers={"X-API-Key": f"tml-{key}"}
+    ).json()
+    assert (run["calls"], run["steps"]) == (4, 1)  # create, forward_backward, optim_step, save_state
+    assert run["last_loss"] == pytest.approx(loss)
     name = f"ft:{BASE}:{tenant_of(key)}:tinker:{path.removeprefix('tinker://')}"
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
         train = upload_ok(http, chat_rows(8))
@@ -134,7 +140,8 @@ def test_a_saved_state_is_a_jobs_model(stack: Stack, host: None, key: str) -> No
         assert job["fine_tuned_model"].startswith(f"ft:{BASE}:")
     # another tenant cannot train from it
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {new_key()}"}) as other:
-        refused = other.post("/v1/fine_tuning/jobs", json=body | {"training_file": upload_ok(other, chat_rows(8))})
+        theirs = body | {"training_file": upload_ok(other, chat_rows(8))}
+        refused = other.post("/v1/fine_tuning/jobs", json=theirs)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
 
 
@@ -211,7 +218,7 @@ def test_a_jobs_checkpoint_loads_into_a_training_client(
     with pytest.raises(tinker.BadRequestError, match="optimizer") as refused:
         service.create_training_client_from_state_with_optimizer(adapter_id).result()
     assert refused.value.status_code == 400
-    with pytest.raises(tinker.BadRequestError, match="path: .* holds full weights"):
+    with pytest.raises(tinker.BadRequestError, match=r"path: .* holds full weights"):
         mine.load_state(final).result()
     with pytest.raises(tinker.NotFoundError, match="path: no checkpoint"):
         mine.load_state("ftckpt-000000000000000000000000").result()
