@@ -32,14 +32,13 @@ from typing import Any
 import torch
 from redis import Redis
 
-from service.base_models.tinker_checkpoints import record_tinker_checkpoint
+from service.base_models.tinker_checkpoints import record_tinker_checkpoint, tinker_path
 from service.config import Settings, get_settings
 from service.db import session_scope
 from service.ids import new_id
 from service.storage import BlobStore, get_blob_store
 from service.tinker import channel, wire
 from service.tinker.channel import Call, Result, key
-from service.tinker.service import tinker_path
 from trainers.families.adapter_files import read_adapter_folder, write_adapter_folder
 from trainers.families.adapter_host import Adam, AdapterHost, AdapterSpec, HostError
 from worker.models import ModelNotAvailable, resolve_model_path, unpack_checkpoint
@@ -323,11 +322,11 @@ class TinkerHost:
             return Result.json({"type": "load_weights", "path": path, "model_id": model_id})
         if job_checkpoint is not None:
             state = self._job_adapter(job_checkpoint)
-            if create:  # the client takes the adapter's own shape (the API registered a placeholder)
-                self.redis.hset(key("model", model_id), "spec", json.dumps(state["spec"]))
         else:
             assert source is not None and name is not None
             state = self._stored(tenant_id, source, "weights", name)
+        if create:  # the client takes the state's own shape (the API may have registered a placeholder)
+            self.redis.hset(key("model", model_id), "spec", json.dumps(state["spec"]))
         self._host_of(model_id).load_state(model_id, state, optimizer=optimizer)
         return Result.json({"type": "load_weights", "path": path, "model_id": model_id})
 

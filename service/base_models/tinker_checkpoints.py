@@ -23,6 +23,11 @@ from service.models import TinkerCheckpoint
 TINKER_PATH_PREFIX = "tinker://"
 
 
+def tinker_path(model_id: str, kind: str, name: str) -> str:
+    """`tinker://<run>/weights/<name>` (a saved state) or `.../sampler_weights/<name>` (sampler weights)."""
+    return f"{TINKER_PATH_PREFIX}{model_id}/{kind}/{name}"
+
+
 def tinker_model_name(*, base_model: str, tenant_id: str, tinker_path: str) -> str:
     base = base_model.split(":")[1] if base_model.startswith("ft:") else base_model
     return f"ft:{base}:{tenant_id}:tinker:{tinker_path.removeprefix(TINKER_PATH_PREFIX)}"
@@ -65,7 +70,7 @@ def record_tinker_checkpoint(
     checkpoint_id: str | None = None,
 ) -> TinkerCheckpoint:
     """Insert the checkpoint, replacing one of the same path (the caller commits)."""
-    path = f"{TINKER_PATH_PREFIX}{training_run_id}/{kind}/{name}"
+    path = tinker_path(training_run_id, kind, name)
     session.execute(
         delete(TinkerCheckpoint).where(
             TinkerCheckpoint.tenant_id == tenant_id, TinkerCheckpoint.tinker_path == path

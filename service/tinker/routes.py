@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.auth import tenant_of_key
 from service.base_models.catalog import list_base_models
-from service.base_models.tinker_checkpoints import find_tinker_checkpoint
+from service.base_models.tinker_checkpoints import TINKER_PATH_PREFIX, find_tinker_checkpoint, tinker_path
 from service.base_models.weights import find_job_checkpoint, find_model_weights
 from service.config import get_settings
 from service.dependencies import SessionDep, SettingsDep
@@ -31,7 +31,7 @@ from service.errors import BadRequest, NotFound, Unauthorized, error_responses
 from service.models import Tenant
 from service.tinker import schemas, wire
 from service.tinker.channel import Result
-from service.tinker.service import Tinker, TinkerPath, guard, tinker_path
+from service.tinker.service import Tinker, TinkerPath, guard
 from trainers.formats import PRIMITIVE_LOSS_INPUTS
 
 # Not in /openapi.json: the protocol is the SDK's (protobuf bodies included), documented in docs/tinker.md,
@@ -270,7 +270,7 @@ class _Source:
     """What a load_weights call loads: a Tinker saved state, or a job's checkpoint."""
 
     base_model: str
-    spec: dict[str, Any] | None  # the state's LoRA; None: a job's adapter (its folder says) or none
+    spec: dict[str, Any] | None  # the state's LoRA; None: the state itself says (a job's adapter folder)
     args: dict[str, Any]  # for the host's op_load_weights
 
 
@@ -308,27 +308,35 @@ def _job_source(session: Session, tenant_id: str, path: str, *, optimizer: bool,
 async def _source(
     tinker: Tinker, session: Session, tenant_id: str, path: str, *, optimizer: bool, create: bool
 ) -> _Source:
-    if not path.startswith("tinker://"):
-        tinker_ckpt = await run_in_threadpool(_tinker_checkpoint, session, tenant_id, path)
-        if tinker_ckpt is None:
-            return await run_in_threadpool(
-                _job_source, session, tenant_id, path, optimizer=optimizer, create=create
-            )
-        path = tinker_ckpt  # the Tinker checkpoint's own path, whichever of its names was given
+    row = await run_in_threadpool(_tinker_checkpoint, session, tenant_id, path)
+    if row is None and not path.startswith(TINKER_PATH_PREFIX):
+        return await run_in_threadpool(
+            _job_source, session, tenant_id, path, optimizer=optimizer, create=create
+        )
+    if row is not None:
+        path = row[0]  # the Tinker checkpoint's own path, whichever of its names was given
     parsed = TinkerPath.parse(path, param="path")
     if parsed.kind != "weights":
         raise BadRequest(
             "path: load a saved state (tinker://<run>/weights/<name>), not sampler weights", param="path"
         )
-    source = await guard(tinker.model(tenant_id, parsed.model_id, param="path"))
     args = {"path": path, "source": parsed.model_id, "name": parsed.name}
+    try:
+        source = await guard(tinker.model(tenant_id, parsed.model_id, param="path"))
+    except NotFound:
+        if row is None:
+            raise
+        # the run's Redis entry is gone, its checkpoint is not (PostgreSQL, the blob store): the state
+        # carries its own LoRA shape, which the host gives the new client
+        return _Source(row[1], None, args)
     return _Source(source["base_model"], json.loads(source["spec"]), args)
 
 
-def _tinker_checkpoint(session: Session, tenant_id: str, name: str) -> str | None:
+def _tinker_checkpoint(session: Session, tenant_id: str, name: str) -> tuple[str, str] | None:
+    """(its Tinker path, its run's base model) of the tenant's Tinker checkpoint `name`, or None."""
     found = find_tinker_checkpoint(session, tenant_id=tenant_id, name=name)
     session.commit()
-    return None if found is None else found.tinker_path
+    return None if found is None else (found.tinker_path, found.base_model)
 
 
 @router.post("/load_weights")
@@ -353,7 +361,8 @@ async def load_weights(
     elif body.session_id is not None:
         base = body.base_model or found.base_model
         await run_in_threadpool(_check_base, session, tenant.id, base, "base_model")
-        # a job's adapter: the host makes the client from the adapter's own config
+        # None (a job's adapter, a state whose run is gone): a placeholder the host replaces with the
+        # state's own LoRA shape before it answers (the SDK reads get_info after that)
         spec = found.spec or {"rank": DEFAULT_RANK}
         model_id, host = await guard(
             tinker.register_model(

@@ -125,6 +125,7 @@ def test_a_saved_state_is_a_jobs_model(stack: Stack, host: None, key: str) -> No
     ).json()
     assert (run["calls"], run["steps"]) == (4, 1)  # create, forward_backward, optim_step, save_state
     assert run["last_loss"] == pytest.approx(loss)
+    saved = _logprobs(training, SEQUENCE)
     name = f"ft:{BASE}:{tenant_of(key)}:tinker:{path.removeprefix('tinker://')}"
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
         train = upload_ok(http, chat_rows(8))
@@ -143,6 +144,16 @@ def test_a_saved_state_is_a_jobs_model(stack: Stack, host: None, key: str) -> No
         theirs = body | {"training_file": upload_ok(other, chat_rows(8))}
         refused = other.post("/v1/fine_tuning/jobs", json=theirs)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+    # the checkpoint outlives its run's Redis entry: it loads by its ft: name from PostgreSQL and the blobs
+    import redis
+
+    from service.tinker.channel import key as tinker_key
+
+    with redis.Redis.from_url(os.environ["TUNEHOUSE_REDIS_URL"]) as client:
+        assert client.delete(tinker_key("model", training.model_id)) == 1
+    restored = service.create_training_client_from_state(name).result()
+    assert restored.get_info().lora_rank == 4
+    assert _logprobs(restored, SEQUENCE) == pytest.approx(saved, abs=1e-6)
 
 
 @pytest.fixture(scope="module")
