@@ -113,7 +113,8 @@ def test_a_sampler_checkpoint_is_a_model_of_its_tenant(stack: Stack, host: None,
 
 
 def test_a_saved_state_is_a_jobs_model(stack: Stack, host: None, key: str) -> None:
-    """save_state gives an ft: model that a fine-tuning job trains further (its adapter merged in)."""
+    """save_state gives an ft: model that a fine-tuning job, or a new Tinker client, trains further (its
+    adapter merged into its base), and that loads into a client even when Redis lost its run."""
     service = _service(stack, key)
     training = service.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
     loss = training.forward_backward([_datum(SEQUENCE)], "cross_entropy").result().metrics["loss:sum"]
@@ -144,6 +145,9 @@ def test_a_saved_state_is_a_jobs_model(stack: Stack, host: None, key: str) -> No
         theirs = body | {"training_file": upload_ok(other, chat_rows(8))}
         refused = other.post("/v1/fine_tuning/jobs", json=theirs)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+    # a new training client on it: its adapter merged into the base, a fresh one on top (B = 0)
+    on_it = service.create_lora_training_client(base_model=name, rank=4, seed=2).result()
+    assert _logprobs(on_it, SEQUENCE) == pytest.approx(saved, abs=1e-4)
     # the checkpoint outlives its run's Redis entry: it loads by its ft: name from PostgreSQL and the blobs
     import redis
 
