@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -23,15 +22,15 @@ from starlette.concurrency import run_in_threadpool
 
 from service.auth import tenant_of_key
 from service.base_models.catalog import list_base_models
-from service.base_models.tinker_checkpoints import TINKER_PATH_PREFIX, find_tinker_checkpoint, tinker_path
-from service.base_models.weights import find_job_checkpoint, find_model_weights
+from service.base_models.tinker_checkpoints import tinker_path
+from service.base_models.weights import find_model_weights
 from service.config import get_settings
 from service.dependencies import SessionDep, SettingsDep
-from service.errors import BadRequest, NotFound, Unauthorized, error_responses
+from service.errors import BadRequest, Unauthorized, error_responses
 from service.models import Tenant
-from service.tinker import schemas, wire
+from service.tinker import schemas, sources, wire
 from service.tinker.channel import Result
-from service.tinker.service import Tinker, TinkerPath, guard
+from service.tinker.service import Tinker, guard
 from trainers.formats import PRIMITIVE_LOSS_INPUTS
 
 # Not in /openapi.json: the protocol is the SDK's (protobuf bodies included), documented in docs/tinker.md,
@@ -41,7 +40,6 @@ router = APIRouter(
 )
 _key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="`tml-` + a tunehouse API key")
 TINKER_KEY_PREFIX = "tml-"
-DEFAULT_RANK = 32  # the SDK's create_lora_training_client default: a client made from a job's final model
 
 
 async def _tenant(key: Annotated[str | None, Depends(_key_header)]) -> Tenant:
@@ -265,88 +263,16 @@ async def save_weights_for_sampler(
     return _future(request_id, body.model_id)
 
 
-@dataclass(frozen=True)
-class _Source:
-    """What a load_weights call loads: a Tinker saved state, or a job's checkpoint."""
-
-    base_model: str
-    spec: dict[str, Any] | None  # the state's LoRA; None: the state itself says (a job's adapter folder)
-    args: dict[str, Any]  # for the host's op_load_weights
-
-
-def _job_source(session: Session, tenant_id: str, path: str, *, optimizer: bool, create: bool) -> _Source:
-    """A job's checkpoint (`ftckpt-...`, `ft:...`, `ft:...:ckpt-step-N`) to load: an intermediate LoRA
-    checkpoint's adapter (weights; the optimizer starts fresh), or, for a new client, a final model as the
-    client's base with a fresh adapter (the client then computes exactly what the job's model does)."""
-    found = find_job_checkpoint(session, tenant_id=tenant_id, name=path)
-    session.commit()
-    if found is None:
-        raise NotFound(f"path: no checkpoint '{path}' in this organization", param="path", code="not_found")
-    ckpt, job = found
-    if optimizer:
-        raise BadRequest(
-            "optimizer: a job's checkpoint loads its weights only (load_state, "
-            "create_training_client_from_state); its optimizer state is not in a form a client holds",
-            param="optimizer",
-        )
-    if job.method.get("type") == "reward_model":
-        raise BadRequest(f"path: '{path}' is a reward model, not a language model", param="path")
-    hyperparameters = job.method.get(job.method["type"], {}).get("hyperparameters", {})
-    if not ckpt.is_final and hyperparameters.get("lora", True):
-        return _Source(
-            job.model, None, {"job_checkpoint": {"checkpoint_id": ckpt.id, "blob_key": ckpt.blob_key}}
-        )
-    if create and ckpt.is_final:
-        return _Source(ckpt.fine_tuned_model_checkpoint, {"rank": DEFAULT_RANK}, {"blank": True})
-    raise BadRequest(
-        f"path: '{path}' holds full weights, not a LoRA adapter; start a training client on it "
-        f"(create_lora_training_client(base_model=...) with its ft: model)",
-        param="path",
-    )
-
-
-async def _source(
-    tinker: Tinker, session: Session, tenant_id: str, path: str, *, optimizer: bool, create: bool
-) -> _Source:
-    row = await run_in_threadpool(_tinker_checkpoint, session, tenant_id, path)
-    if row is None and not path.startswith(TINKER_PATH_PREFIX):
-        return await run_in_threadpool(
-            _job_source, session, tenant_id, path, optimizer=optimizer, create=create
-        )
-    if row is not None:
-        path = row[0]  # the Tinker checkpoint's own path, whichever of its names was given
-    parsed = TinkerPath.parse(path, param="path")
-    if parsed.kind != "weights":
-        raise BadRequest(
-            "path: load a saved state (tinker://<run>/weights/<name>), not sampler weights", param="path"
-        )
-    args = {"path": path, "source": parsed.model_id, "name": parsed.name}
-    try:
-        source = await guard(tinker.model(tenant_id, parsed.model_id, param="path"))
-    except NotFound:
-        if row is None:
-            raise
-        # the run's Redis entry is gone, its checkpoint is not (PostgreSQL, the blob store): the state
-        # carries its own LoRA shape, which the host gives the new client
-        return _Source(row[1], None, args)
-    return _Source(source["base_model"], json.loads(source["spec"]), args)
-
-
-def _tinker_checkpoint(session: Session, tenant_id: str, name: str) -> tuple[str, str] | None:
-    """(its Tinker path, its run's base model) of the tenant's Tinker checkpoint `name`, or None."""
-    found = find_tinker_checkpoint(session, tenant_id=tenant_id, name=name)
-    session.commit()
-    return None if found is None else (found.tinker_path, found.base_model)
-
-
 @router.post("/load_weights")
 async def load_weights(
     body: schemas.LoadWeights, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
 ) -> dict[str, Any]:
     """load_state into a client, or (with `session_id`) a new client made from a saved state. `path` is a
-    Tinker path, a Tinker checkpoint's other names, or a job's checkpoint (`_job_source`)."""
+    Tinker path, a Tinker checkpoint's other names, or a job's checkpoint (service/tinker/sources.py)."""
     create = body.model_id is None and body.session_id is not None
-    found = await _source(tinker, session, tenant.id, body.path, optimizer=body.optimizer, create=create)
+    found = await sources.load_source(
+        tinker, session, tenant.id, body.path, optimizer=body.optimizer, create=create
+    )
     args: dict[str, Any] = {"path": body.path, "optimizer": body.optimizer, **found.args}
     if body.model_id is not None:
         run = await guard(tinker.model(tenant.id, body.model_id))
@@ -363,7 +289,7 @@ async def load_weights(
         await run_in_threadpool(_check_base, session, tenant.id, base, "base_model")
         # None (a job's adapter, a state whose run is gone): a placeholder the host replaces with the
         # state's own LoRA shape before it answers (the SDK reads get_info after that)
-        spec = found.spec or {"rank": DEFAULT_RANK}
+        spec = found.spec or {"rank": sources.DEFAULT_RANK}
         model_id, host = await guard(
             tinker.register_model(
                 tenant.id,
