@@ -177,6 +177,33 @@ class Checkpoint(Base):
     deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class TinkerCheckpoint(Base):
+    """A Tinker checkpoint (`save_state`, or `save_weights_for_sampler` with a name) as a tunehouse model:
+    its LoRA adapter, served on its run's base model (service/base_models/tinker_checkpoints.py). The
+    training run itself lives in Redis (service/tinker/service.py); this row is what must outlive it."""
+
+    __tablename__ = "tinker_checkpoints"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ftckpt-...
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    training_run_id: Mapped[str] = mapped_column(String(200))  # <session>:train:<seq>
+    kind: Mapped[str] = mapped_column(String(20))  # weights (save_state) | sampler_weights
+    name: Mapped[str] = mapped_column(String(128))
+    tinker_path: Mapped[str] = mapped_column(String(600))  # tinker://<run>/<kind>/<name>
+    fine_tuned_model: Mapped[str] = mapped_column(
+        String(800)
+    )  # ft:<base>:<tenant>:tinker:<run>/<kind>/<name>
+    base_model: Mapped[str] = mapped_column(String(600))  # what the run trained from (a base or an ft: name)
+    # a tar of a peft adapter folder (adapter_config.json, adapter_model.safetensors, the tokenizer)
+    blob_key: Mapped[str] = mapped_column(String(500))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    __table_args__ = (
+        # saving again under the same name replaces the checkpoint, as in Tinker
+        Index("ix_tinker_checkpoints_tenant_path", "tenant_id", "tinker_path", unique=True),
+        Index("ix_tinker_checkpoints_tenant_model", "tenant_id", "fine_tuned_model"),
+    )
+
+
 class WebhookEndpoint(Base):
     __tablename__ = "webhook_endpoints"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)

@@ -1,6 +1,7 @@
 """Turn a job's model name into a local Hugging Face folder: the bundled demo model (built once),
-an operator-registered path, a hub id, or a fine-tuned model of the tenant (its final checkpoint,
-unpacked once into the data dir's model cache)."""
+an operator-registered path, a hub id, a fine-tuned model of the tenant (its final checkpoint,
+unpacked once into the data dir's model cache), or a Tinker checkpoint of the tenant (its adapter merged
+into its base, once)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from service.base_models.catalog import resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint
+from service.base_models.tinker_checkpoints import TINKER_PATH_PREFIX, find_tinker_checkpoint
 from service.config import Settings
 from service.db import session_scope
 from service.storage import BlobStore
@@ -54,6 +56,24 @@ def unpack_checkpoint(settings: Settings, blobs: BlobStore, *, checkpoint_id: st
     return _build_once(settings.models_dir / "fine-tuned" / checkpoint_id, unpack)
 
 
+def _merged_tinker_checkpoint(
+    settings: Settings, blobs: BlobStore, tenant_id: str, checkpoint_id: str, blob_key: str, base_model: str
+) -> Path:
+    """A Tinker checkpoint as a whole model folder (its adapter merged into its run's base), built once:
+    what a job or a training client trains from (inference loads the adapter on the base itself)."""
+    adapter = unpack_checkpoint(settings, blobs, checkpoint_id=checkpoint_id, blob_key=blob_key)
+    base = resolve_model_path(settings, blobs, tenant_id=tenant_id, name=base_model)
+
+    def merge(tmp: Path) -> None:
+        from trainers.modeling.generation import load_with_adapter
+
+        model, tokenizer = load_with_adapter(base, adapter)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return _build_once(settings.models_dir / "fine-tuned" / f"{checkpoint_id}-merged", merge)
+
+
 def resolve_model_path(
     settings: Settings,
     blobs: BlobStore,
@@ -66,6 +86,12 @@ def resolve_model_path(
 ) -> str:
     """`include_deleted`: for a job's own inputs; a job created before its base model was deleted still
     trains from it (the blobs are kept until it ends, service/models_api/lifecycle.py)."""
+    if name.startswith(("ft:", "ftckpt-", TINKER_PATH_PREFIX)):
+        with session_scope() as session:
+            tinker = find_tinker_checkpoint(session, tenant_id=tenant_id, name=name)
+            found = (tinker.id, tinker.blob_key, tinker.base_model) if tinker else None
+        if found is not None:
+            return str(_merged_tinker_checkpoint(settings, blobs, tenant_id, *found))
     if name.startswith("ft:"):
         with session_scope() as session:
             ckpt = find_final_checkpoint(

@@ -6,7 +6,9 @@ Run with `tunehouse worker --tinker` (needs TUNEHOUSE_REDIS_URL). What it keeps:
 base model, loaded on the first client of that base; each client's adapter until the client has been
 idle `TUNEHOUSE_TINKER_IDLE_SECONDS` with no gradient pending, when it is saved to the blob store and
 freed, and restored exactly (weights, optimizer) by its next call.
-Saved states and sampler weights go to the blob store (`tinker/<tenant>/<run>/<kind>/<name>.pt`).
+Saved states and sampler weights go to the blob store (`tinker/<tenant>/<run>/<kind>/<name>.pt`); a
+named one is also a tunehouse model: a peft adapter folder's tar beside it and a row in PostgreSQL
+(service/base_models/tinker_checkpoints.py), for /v1/models, /v1/chat/completions and jobs.
 
 When the host dies, its adapters' unsaved state is gone: the call it was running and those queued for
 it fail (the API sees that its heartbeat key expired), and its clients answer 410 `tinker_client_lost`
@@ -21,20 +23,26 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from redis import Redis
 
+from service.base_models.tinker_checkpoints import record_tinker_checkpoint, tinker_path
 from service.config import Settings, get_settings
+from service.db import session_scope
+from service.ids import new_id
 from service.storage import BlobStore, get_blob_store
 from service.tinker import channel, wire
 from service.tinker.channel import Call, Result, key
-from service.tinker.service import tinker_path
+from trainers.families.adapter_files import read_adapter_folder, write_adapter_folder
 from trainers.families.adapter_host import Adam, AdapterHost, AdapterSpec, HostError
-from worker.models import ModelNotAvailable, resolve_model_path
+from worker.models import ModelNotAvailable, resolve_model_path, unpack_checkpoint
+from worker.reporter import tar_folder
 
 log = logging.getLogger("tunehouse.tinker")
 
@@ -179,6 +187,43 @@ class TinkerHost:
             self.redis.hset(key("checkpoints", model_id), f"{kind}/{name}", json.dumps(entry))
         return path
 
+    def _export(self, tenant_id: str, model_id: str, kind: str, name: str, state: dict[str, Any]) -> None:
+        """The checkpoint as a tunehouse model: its adapter folder (with the base's tokenizer, which
+        inference reads from the folder) as a tar in the blob store, then its row in PostgreSQL."""
+        base_model = self.redis.hget(key("model", model_id), "base_model")
+        if base_model is None:
+            raise HostError(f"training client '{model_id}' has no training run")
+        checkpoint_id = new_id("ftckpt")
+        blob_key = f"tinker/{tenant_id}/{model_id}/{kind}/{name}-{checkpoint_id}.tar"
+        with tempfile.TemporaryDirectory(prefix="tinker-export-") as tmp:
+            folder = Path(tmp) / "adapter"
+            write_adapter_folder(folder, state)
+            self._tokenizer(self.where[model_id]).save_pretrained(str(folder))
+            size = tar_folder(folder, Path(tmp) / "adapter.tar")
+            self.blobs.put_file(blob_key, Path(tmp) / "adapter.tar")
+        with session_scope() as session:
+            record_tinker_checkpoint(
+                session,
+                tenant_id=tenant_id,
+                training_run_id=model_id,
+                kind=kind,
+                name=name,
+                base_model=base_model.decode() if isinstance(base_model, bytes) else str(base_model),
+                blob_key=blob_key,
+                size=size,
+                checkpoint_id=checkpoint_id,
+            )
+
+    def _job_adapter(self, job_checkpoint: dict[str, str]) -> dict[str, Any]:
+        """A job's LoRA checkpoint as a training client's state (weights only)."""
+        folder = unpack_checkpoint(
+            self.settings,
+            self.blobs,
+            checkpoint_id=job_checkpoint["checkpoint_id"],
+            blob_key=job_checkpoint["blob_key"],
+        )
+        return read_adapter_folder(folder)
+
     def _stored(self, tenant_id: str, model_id: str, kind: str, name: str) -> dict[str, Any]:
         try:
             with self.blobs.open(_blob_key(tenant_id, model_id, kind, name)) as fh:
@@ -229,7 +274,9 @@ class TinkerHost:
     def op_save_weights(self, tenant_id: str, *, model_id: str, name: str | None) -> Result:
         host = self._host_of(model_id)
         name = name or f"step-{host.adapters[model_id].steps:06d}"
-        path = self._store(tenant_id, model_id, "weights", name, host.state(model_id))
+        state = host.state(model_id)
+        path = self._store(tenant_id, model_id, "weights", name, state)
+        self._export(tenant_id, model_id, "weights", name, state)
         return Result.json({"type": "save_weights", "path": path})
 
     def op_save_weights_for_sampler(
@@ -241,10 +288,11 @@ class TinkerHost:
         snapshot = _snapshot_name(path)
         host.snapshot(snapshot, state["weights"], state["spec"])
         self.where[snapshot] = self.where[model_id]
-        if sampling_session_id is not None:
+        if sampling_session_id is not None:  # unnamed: it serves its sampling client only
             return Result.json(
                 {"type": "save_weights_for_sampler", "sampling_session_id": sampling_session_id}
             )
+        self._export(tenant_id, model_id, "sampler_weights", name, state)  # named: a model too
         return Result.json({"type": "save_weights_for_sampler", "path": path})
 
     def op_load_weights(
@@ -253,18 +301,32 @@ class TinkerHost:
         *,
         model_id: str,
         path: str,
-        source: str,
-        name: str,
         optimizer: bool,
+        source: str | None = None,
+        name: str | None = None,
+        job_checkpoint: dict[str, str] | None = None,
+        blank: bool = False,
         create: bool = False,
         base_model: str | None = None,
         spec: dict[str, Any] | None = None,
     ) -> Result:
-        state = self._stored(tenant_id, source, "weights", name)
+        """A saved state (`source`, `name`), a job's LoRA checkpoint (`job_checkpoint`: weights only), or
+        (`blank`, with `create`) nothing: a new client on a job's final model, which is its base."""
         if create:
-            assert base_model is not None
+            assert base_model is not None and spec is not None
             base_path, _ = self._base(tenant_id, base_model)
             self.where[model_id] = base_path
+        if blank:
+            assert create and spec is not None
+            self._host_of(model_id).create(model_id, AdapterSpec(**spec))
+            return Result.json({"type": "load_weights", "path": path, "model_id": model_id})
+        if job_checkpoint is not None:
+            state = self._job_adapter(job_checkpoint)
+        else:
+            assert source is not None and name is not None
+            state = self._stored(tenant_id, source, "weights", name)
+        if create:  # the client takes the state's own shape (the API may have registered a placeholder)
+            self.redis.hset(key("model", model_id), "spec", json.dumps(state["spec"]))
         self._host_of(model_id).load_state(model_id, state, optimizer=optimizer)
         return Result.json({"type": "load_weights", "path": path, "model_id": model_id})
 

@@ -5,7 +5,9 @@ reward models, deleted models) lives here.
 - a base model of `/v1/models` (the bundled tiny model, the operator's registry, hub ids when allowed);
 - the tenant's fine-tuned model `ft:...` (its final checkpoint) or one of its checkpoints by OpenAI's
   name (`ft:...:ckpt-step-N`) or by id (`ftckpt-...`). A checkpoint's `base` is the model its job
-  trained from: an intermediate LoRA checkpoint holds only the adapter, served on top of that base.
+  trained from: an intermediate LoRA checkpoint holds only the adapter, served on top of that base;
+- the tenant's Tinker checkpoint (`tinker://...`, `ft:...:tinker:...`, `ftckpt-...`,
+  service/base_models/tinker_checkpoints.py): an adapter on its run's base model.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.base_models.catalog import BUILTIN_CREATED_AT, resolve_base_model
+from service.base_models.tinker_checkpoints import TINKER_PATH_PREFIX, find_tinker_checkpoint
 from service.config import Settings
 from service.models import Checkpoint, Job
 
@@ -38,29 +41,31 @@ def find_model_weights(
     session: Session, settings: Settings, *, tenant_id: str, name: str
 ) -> ModelWeights | None:
     """The weights `name` stands for in this tenant, or None (the caller answers 404)."""
-    if name.startswith(("ft:", CHECKPOINT_ID_PREFIX)):
-        stmt = (
-            select(Checkpoint, Job.model, Job.method)
-            .join(Job, Job.id == Checkpoint.job_id)
-            .where(Job.tenant_id == tenant_id, Checkpoint.deleted_at.is_(None))  # DELETE /v1/models
-        )
-        if name.startswith(CHECKPOINT_ID_PREFIX):
-            stmt = stmt.where(Checkpoint.id == name)
-        else:
-            # the final checkpoint carries the model's own name; intermediate ones `...:ckpt-step-N`
-            stmt = stmt.where(Checkpoint.fine_tuned_model_checkpoint == name)
-        found = session.execute(stmt.order_by(Checkpoint.is_final.desc()).limit(1)).tuples().first()
-        if found is None:
-            return None
-        ckpt, base, method = found
+    if name.startswith(("ft:", CHECKPOINT_ID_PREFIX)) and (
+        found := find_job_checkpoint(session, tenant_id=tenant_id, name=name)
+    ):
+        ckpt, job = found
         return ModelWeights(
             model=name,
             tenant_id=tenant_id,
-            base=base,
+            base=job.model,
             checkpoint_id=ckpt.id,
             blob_key=ckpt.blob_key,
-            reward_model=method.get("type") == "reward_model",
+            reward_model=job.method.get("type") == "reward_model",
             created=ckpt.created_at,
+            owned_by=tenant_id,
+        )
+    if name.startswith(("ft:", CHECKPOINT_ID_PREFIX, TINKER_PATH_PREFIX)):
+        tinker = find_tinker_checkpoint(session, tenant_id=tenant_id, name=name)
+        if tinker is None:
+            return None
+        return ModelWeights(
+            model=name,
+            tenant_id=tenant_id,
+            base=tinker.base_model,
+            checkpoint_id=tinker.id,
+            blob_key=tinker.blob_key,
+            created=tinker.created_at,
             owned_by=tenant_id,
         )
     entry = resolve_base_model(settings, name)
@@ -69,3 +74,20 @@ def find_model_weights(
     return ModelWeights(
         model=name, tenant_id=tenant_id, base=entry.id, created=BUILTIN_CREATED_AT, owned_by=entry.owned_by
     )
+
+
+def find_job_checkpoint(session: Session, *, tenant_id: str, name: str) -> tuple[Checkpoint, Job] | None:
+    """A job's checkpoint of this tenant by OpenAI's name (`ft:...`, `ft:...:ckpt-step-N`) or id
+    (`ftckpt-...`), not deleted; the final one first when a name is both."""
+    stmt = (
+        select(Checkpoint, Job)
+        .join(Job, Job.id == Checkpoint.job_id)
+        .where(Job.tenant_id == tenant_id, Checkpoint.deleted_at.is_(None))  # DELETE /v1/models
+    )
+    if name.startswith(CHECKPOINT_ID_PREFIX):
+        stmt = stmt.where(Checkpoint.id == name)
+    else:
+        # the final checkpoint carries the model's own name; intermediate ones `...:ckpt-step-N`
+        stmt = stmt.where(Checkpoint.fine_tuned_model_checkpoint == name)
+    found = session.execute(stmt.order_by(Checkpoint.is_final.desc()).limit(1)).tuples().first()
+    return None if found is None else (found[0], found[1])

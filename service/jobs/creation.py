@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.base_models.catalog import resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint
+from service.base_models.tinker_checkpoints import find_tinker_checkpoint
 from service.config import Settings
 from service.errors import BadRequest, NotFound
 from service.files.service import PURPOSES, get_file
@@ -123,8 +124,10 @@ class CheckedSpec:
 def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: Settings) -> CheckedSpec:
     """Every check a job creation makes, storing nothing (creation and the pre-flight estimate,
     service/jobs/estimate.py, both call it): a refusal is a 4xx naming its parameter."""
+    # a job's final model, or a Tinker checkpoint (its adapter merged into its base for the job)
     is_fine_tuned = spec.model.startswith("ft:") and (
         find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
+        or find_tinker_checkpoint(session, tenant_id=tenant.id, name=spec.model) is not None
     )
     deleted = spec.model.startswith("ft:") and not is_fine_tuned
     if deleted and find_final_checkpoint(session, tenant_id=tenant.id, name=spec.model, include_deleted=True):

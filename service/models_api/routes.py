@@ -1,5 +1,6 @@
-"""/v1/models: the base models this deployment can fine-tune and the tenant's fine-tuned models, in
-OpenAI's shapes; DELETE removes a fine-tuned model (service/models_api/lifecycle.py)."""
+"""/v1/models: the base models this deployment can fine-tune and the tenant's fine-tuned models (its
+jobs' and its Tinker checkpoints, service/base_models/tinker_checkpoints.py), in OpenAI's shapes; DELETE
+removes a job's fine-tuned model (service/models_api/lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel
 from service.auth import TenantDep
 from service.base_models.catalog import BUILTIN_CREATED_AT, list_base_models, resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint, list_fine_tuned
+from service.base_models.tinker_checkpoints import find_tinker_checkpoint, list_tinker_models
 from service.dependencies import SessionDep, SettingsDep
 from service.errors import Forbidden, NotFound, error_responses
 from service.models_api.lifecycle import delete_fine_tuned_model, sweep_deleted_models
@@ -25,11 +27,13 @@ def _model_object(entry_id: str, owned_by: str) -> dict[str, Any]:
 
 @router.get("")
 def list_models(session: SessionDep, tenant: TenantDep, settings: SettingsDep) -> dict[str, Any]:
-    """Base models, then the tenant's own fine-tuned models (which can be trained further)."""
+    """Base models, then the tenant's own fine-tuned models and Tinker checkpoints (which can be
+    trained further)."""
     data = [_model_object(e.id, e.owned_by) for e in list_base_models(settings)]
     data += [
         {"id": name, "object": "model", "created": created, "owned_by": tenant.id}
         for name, created in list_fine_tuned(session, tenant_id=tenant.id)
+        + list_tinker_models(session, tenant_id=tenant.id)
     ]
     return {"object": "list", "data": data}
 
@@ -41,6 +45,9 @@ def retrieve_model(
     ckpt = find_final_checkpoint(session, tenant_id=tenant.id, name=model_id)
     if ckpt is not None:
         return {"id": model_id, "object": "model", "created": ckpt.created_at, "owned_by": tenant.id}
+    tinker = find_tinker_checkpoint(session, tenant_id=tenant.id, name=model_id)
+    if tinker is not None:
+        return {"id": model_id, "object": "model", "created": tinker.created_at, "owned_by": tenant.id}
     entry = resolve_base_model(settings, model_id)
     if entry is None:
         raise NotFound(f"The model '{model_id}' does not exist", param="model", code="model_not_found")

@@ -22,14 +22,15 @@ from starlette.concurrency import run_in_threadpool
 
 from service.auth import tenant_of_key
 from service.base_models.catalog import list_base_models
+from service.base_models.tinker_checkpoints import tinker_path
 from service.base_models.weights import find_model_weights
 from service.config import get_settings
 from service.dependencies import SessionDep, SettingsDep
 from service.errors import BadRequest, Unauthorized, error_responses
 from service.models import Tenant
-from service.tinker import schemas, wire
+from service.tinker import schemas, sources, wire
 from service.tinker.channel import Result
-from service.tinker.service import Tinker, TinkerPath, guard, tinker_path
+from service.tinker.service import Tinker, guard
 from trainers.formats import PRIMITIVE_LOSS_INPUTS
 
 # Not in /openapi.json: the protocol is the SDK's (protobuf bodies included), documented in docs/tinker.md,
@@ -266,26 +267,29 @@ async def save_weights_for_sampler(
 async def load_weights(
     body: schemas.LoadWeights, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
 ) -> dict[str, Any]:
-    """load_state into a client, or (with `session_id`) a new client made from a saved state."""
-    path = TinkerPath.parse(body.path, param="path")
-    if path.kind != "weights":
-        raise BadRequest(
-            "path: load a saved state (tinker://<run>/weights/<name>), not sampler weights", param="path"
-        )
-    source = await guard(tinker.model(tenant.id, path.model_id, param="path"))
-    args: dict[str, Any] = {
-        "path": body.path,
-        "source": path.model_id,
-        "name": path.name,
-        "optimizer": body.optimizer,
-    }
+    """load_state into a client, or (with `session_id`) a new client made from a saved state. `path` is a
+    Tinker path, a Tinker checkpoint's other names, or a job's checkpoint (service/tinker/sources.py)."""
+    create = body.model_id is None and body.session_id is not None
+    found = await sources.load_source(
+        tinker, session, tenant.id, body.path, optimizer=body.optimizer, create=create
+    )
+    args: dict[str, Any] = {"path": body.path, "optimizer": body.optimizer, **found.args}
     if body.model_id is not None:
+        run = await guard(tinker.model(tenant.id, body.model_id))
+        if "job_checkpoint" in found.args and found.base_model != run["base_model"]:
+            raise BadRequest(
+                f"path: the checkpoint was trained on '{found.base_model}', this client on "
+                f"'{run['base_model']}'",
+                param="path",
+            )
         host = await guard(tinker.host_of(tenant.id, body.model_id))
         args["model_id"] = body.model_id
     elif body.session_id is not None:
-        base = body.base_model or source["base_model"]
+        base = body.base_model or found.base_model
         await run_in_threadpool(_check_base, session, tenant.id, base, "base_model")
-        spec = json.loads(source["spec"])
+        # None (a job's adapter, a state whose run is gone): a placeholder the host replaces with the
+        # state's own LoRA shape before it answers (the SDK reads get_info after that)
+        spec = found.spec or {"rank": sources.DEFAULT_RANK}
         model_id, host = await guard(
             tinker.register_model(
                 tenant.id,
@@ -434,6 +438,12 @@ async def _run(tinker: Tinker, tenant_id: str, run: dict[str, str], model_id: st
         "last_checkpoint": _checkpoint(last["weights"]) if last["weights"] else None,
         "last_sampler_checkpoint": _checkpoint(last["sampler_weights"]) if last["sampler_weights"] else None,
         "user_metadata": {k: str(v) for k, v in json.loads(run.get("metadata", "{}")).items()},
+        # tunehouse's own, for the dashboard (the SDK ignores fields it does not know): the calls sent
+        # for this run, its optim_steps, and the loss:sum of its last forward / forward_backward
+        "calls": int(run.get("calls", 0)),
+        "steps": int(run.get("steps", 0)),
+        "last_loss": float(run["last_loss"]) if "last_loss" in run else None,
+        "created_time": _iso(run["created"]),
     }
 
 

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
+from service.base_models.tinker_checkpoints import TINKER_PATH_PREFIX
 from service.errors import AppError, BadRequest, Conflict, NotFound, ServiceUnavailable
 from service.ids import new_id
 from service.tinker import channel
@@ -46,11 +47,6 @@ class ClientLost(AppError):
         )
 
 
-def tinker_path(model_id: str, kind: str, name: str) -> str:
-    """`tinker://<run>/weights/<name>` (a saved state) or `.../sampler_weights/<name>` (sampler weights)."""
-    return f"tinker://{model_id}/{kind}/{name}"
-
-
 @dataclass(frozen=True)
 class TinkerPath:
     model_id: str
@@ -59,7 +55,9 @@ class TinkerPath:
 
     @classmethod
     def parse(cls, path: str, *, param: str) -> TinkerPath:
-        parts = path.removeprefix("tinker://").split("/") if path.startswith("tinker://") else []
+        parts = (
+            path.removeprefix(TINKER_PATH_PREFIX).split("/") if path.startswith(TINKER_PATH_PREFIX) else []
+        )
         if len(parts) != 3 or parts[1] not in ("weights", "sampler_weights") or not parts[2]:
             raise BadRequest(
                 f"{param}: '{path}' is not a tinker path (tinker://<run>/weights/<name> or "

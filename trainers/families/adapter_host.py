@@ -51,6 +51,16 @@ class AdapterSpec:
         return names + list(UNEMBED if self.train_unembed else ())
 
 
+def lora_config(spec: AdapterSpec) -> LoraConfig:
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=spec.rank,
+        lora_alpha=spec.rank,  # Tinker scales a LoRA by 1 (alpha = r): the learning rate sets the step
+        lora_dropout=0.0,
+        target_modules=spec.modules(),
+    )
+
+
 @dataclass(frozen=True)
 class Adam:
     learning_rate: float = 1e-4
@@ -92,13 +102,7 @@ class AdapterHost:
     # --- adapters -------------------------------------------------------------------------------------
 
     def _add(self, name: str, spec: AdapterSpec) -> None:
-        config = LoraConfig(
-            task_type=TaskType.CAUSAL_LM,
-            r=spec.rank,
-            lora_alpha=spec.rank,  # Tinker scales a LoRA by 1 (alpha = r): the learning rate sets the step
-            lora_dropout=0.0,
-            target_modules=spec.modules(),
-        )
+        config = lora_config(spec)
         if self.model is not None and name in self.model.peft_config:
             return  # the last adapter removed stays in peft (remove says why): reused, its weights to be set
         if spec.seed is not None:
@@ -257,9 +261,19 @@ class AdapterHost:
 
     def load_state(self, name: str, state: dict[str, Any], *, optimizer: bool) -> None:
         """Into an adapter of this name (created from the state's spec when missing)."""
+        spec = AdapterSpec(**state["spec"])
         if name not in self.adapters:
-            self.create(name, AdapterSpec(**state["spec"]))
+            self.create(name, spec)
         adapter = self._adapter(name)
+        if spec.rank != adapter.spec.rank or not set(spec.modules()) <= set(adapter.spec.modules()):
+            raise HostError(
+                f"path: the state's LoRA (rank {spec.rank}, {', '.join(spec.modules())}) does not fit this "
+                f"client's (rank {adapter.spec.rank}, {', '.join(adapter.spec.modules())})"
+            )
+        # a state may adapt fewer modules than the client (a job's adapter): the others add nothing
+        for n, p in self._peft().named_parameters():
+            if f".{name}." in n and "lora_B" in n:
+                p.data.zero_()
         set_peft_model_state_dict(self._peft(), state["weights"], adapter_name=name)
         adapter.optimizer.zero_grad(set_to_none=True)
         if optimizer and "optimizer" in state:

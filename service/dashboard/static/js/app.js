@@ -9,6 +9,7 @@ import { renderJob } from './views/job.js';
 import { renderJobs } from './views/jobs.js';
 import { renderNewJob } from './views/newjob.js';
 import { renderSignIn } from './views/signin.js';
+import { renderTinker } from './views/tinker.js';
 
 const main = document.getElementById('main');
 let cleanup = null;
@@ -35,6 +36,7 @@ function route(event) {
     files: () => renderFiles(main, params),
     new: () => renderNewJob(main, params),
     compare: () => renderCompare(main, params),
+    tinker: () => renderTinker(main),
     jobs: () => (parts[1] ? renderJob(main, parts[1], params) : renderJobs(main, params)),
   }[parts[0] || 'jobs'];
   if (!view) {
