@@ -48,7 +48,12 @@ def _rows(seed: int) -> list[dict[str, Any]]:
         return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
 
     return [
-        {"messages": [{"role": "user", "content": text(10, 40)}, {"role": "assistant", "content": text(40, 120)}]}
+        {
+            "messages": [
+                {"role": "user", "content": text(10, 40)},
+                {"role": "assistant", "content": text(40, 120)},
+            ]
+        }
         for _ in range(ROWS)
     ]
 
