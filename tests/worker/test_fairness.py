@@ -41,18 +41,21 @@ def _job(tenant_id: str, status: str = "queued", **values: Any) -> str:
     """A job row; queued ones get increasing `queued_at` in the order they are made."""
     _clock[0] += 1.0
     job_id = new_id("ftjob")
+    fields: dict[str, Any] = {
+        "model": "tunehouse/tiny-llama",
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {}}},
+        **values,
+    }
     with session_scope() as session:
         session.add(
             Job(
                 id=job_id,
                 tenant_id=tenant_id,
-                model="tunehouse/tiny-llama",
                 training_file="file-x",
-                method={"type": "supervised", "supervised": {"hyperparameters": {}}},
                 seed=0,
                 status=status,
                 queued_at=_clock[0],
-                **values,
+                **fields,
             )
         )
     return job_id
@@ -178,3 +181,49 @@ def test_concurrent_claims_take_distinct_jobs_and_respect_the_limit() -> None:
         ).all()
     assert dict(running) == {a: 2, b: 2}
     assert set(b_jobs) <= set(got)
+
+
+def _method(kind: str = "supervised", **hp: Any) -> dict[str, Any]:
+    return {"type": kind, kind: {"hyperparameters": hp}}
+
+
+def test_which_jobs_share_a_base() -> None:
+    """LoRA jobs on one model with the same precision and kernels share; a full fine-tune, a quantized
+    base, a reward model (a classifier of its own) or a multi-rank job trains alone."""
+    from worker.shared_runs import share_key
+
+    a = _tenant()
+    key = share_key(_job(a, method=_method()))
+    assert key is not None
+    assert share_key(_job(a, method=_method("dpo"))) == key  # any method that trains the causal LM
+    assert share_key(_job(_tenant(), method=_method())) == key  # any tenant
+    assert share_key(_job(a, method=_method(mixed_precision="bf16"))) not in (None, key)
+    assert share_key(_job(a, method=_method(gradient_checkpointing=True))) not in (None, key)
+    assert share_key(_job(a, method=_method(), model="tunehouse/other")) not in (None, key)
+    assert share_key(_job(a, method=_method(lora=False))) is None
+    assert share_key(_job(a, method=_method(quantization="nf4"))) is None
+    assert share_key(_job(a, method=_method("reward_model"))) is None
+    assert share_key(_job(a, method=_method(), resources={"gpus": 2})) is None
+
+
+def test_a_shared_base_takes_in_the_fairest_job_only_if_it_shares_the_base() -> None:
+    """A worker whose shared trainer has room claims with `accept`: the fairest job if it fits, else
+    none, never a less fair job that fits (fair share holds while jobs share a base)."""
+    a, b = _tenant(), _tenant()
+    other = _job(a, model="tunehouse/other")
+    fits = _job(b)
+
+    def same_base(job_id: str) -> bool:
+        return job_id == fits
+
+    assert (
+        lifecycle.claim_fair(worker_id="w", queues=["tunehouse"], max_running_per_tenant=0, accept=same_base)
+        is None
+    )
+    with session_scope() as session:
+        assert session.scalar(select(Job.status).where(Job.id == fits)) == "queued"
+    assert _claim(limit=0) == other  # a claim without a shared trainer takes the fairest
+    assert (
+        lifecycle.claim_fair(worker_id="w", queues=["tunehouse"], max_running_per_tenant=0, accept=same_base)
+        == fits
+    )
