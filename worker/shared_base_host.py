@@ -20,6 +20,8 @@ dying (OOM, a kill) ends all its jobs at once: the worker restarts each from its
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import math
 import shlex
@@ -37,6 +39,7 @@ from service.config import get_settings
 from trainers.families.shared_base import SharedBase
 
 RUN, STOP = "run", "stop"
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 # runs one job on the base in the calling thread (worker/job_process.py run_on_shared_base)
 RunJob = Callable[[str, str, SharedBase, threading.Event], None]
@@ -44,6 +47,7 @@ RunJob = Callable[[str, str, SharedBase, threading.Event], None]
 log = logging.getLogger("tunehouse.worker")
 
 RUN, STOP = "run", "stop"
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class _Host:
@@ -99,8 +103,19 @@ def serve(worker_id: str, notices_path: str, run_job: RunJob, *, title: list[str
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     tempfile.tempdir = str(settings.data_dir)  # where the jobs' tokenized examples spill
+    _one_malloc_arena()
     with open(notices_path, "wb", buffering=0) as notices:
         _serve(_Host(worker_id, notices, run_job, title), settings.shutdown_grace_seconds)
+
+
+def _one_malloc_arena() -> None:
+    """Make the job threads allocate from the heap the main thread uses. glibc gives each new thread an
+    arena of its own, and a trainer keeps what it frees (worker/launch.py TRAINER_MALLOC_TUNABLES): each
+    job's thread would then hold its own step's activations for good, and four jobs four working sets.
+    They take turns, so one shared heap reuses one working set; they never allocate at the same time.
+    (M_ARENA_MAX, before the threads start; no effect outside glibc.)"""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1)
 
 
 def _serve(host: _Host, grace_seconds: float) -> None:
