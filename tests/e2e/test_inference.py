@@ -188,6 +188,10 @@ def test_a_request_beyond_the_context_is_refused_by_the_worker(stack: Stack) -> 
                 )
             assert caught.value.body["param"] == "max_tokens", caught.value.body  # type: ignore[index]
             assert "context of 2048 tokens" in caught.value.body["message"]  # type: ignore[index]
+        # a prompt alone beyond the context names the prompt: /v1/completions' own name for it
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model=BASE, prompt="The cat sat. " * 1000, max_tokens=2)
+        assert caught.value.body["param"] == "prompt", caught.value.body  # type: ignore[index]
 
 
 def test_another_tenants_models_are_not_found(stack: Stack, trained: dict[str, Any]) -> None:
