@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 Device = Literal["cpu", "cuda"]
@@ -126,6 +126,9 @@ class TrainingShape:
 
 @dataclass(frozen=True)
 class MemoryEstimate:
+    """Bytes per device at a step's peak, by part; the API answers ``as_dict`` (the parts and their
+    total) as its ``MemoryBreakdown``, whose fields tests/trainers/test_memory_model.py holds to these."""
+
     weights: int
     gradients: int
     optimizer: int
@@ -135,20 +138,10 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return (
-            self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.reference
-        )
+        return sum(getattr(self, f.name) for f in fields(self))
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "weights": self.weights,
-            "gradients": self.gradients,
-            "optimizer": self.optimizer,
-            "activations": self.activations,
-            "logits": self.logits,
-            "reference": self.reference,
-            "total": self.total,
-        }
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
 
 
 def lora_params(model: ModelShape, job: TrainingShape) -> int:

@@ -19,6 +19,8 @@ The entry here (a ``Method``) declares, for everyone else:
 - ``grader``: whether the method takes an RL grader (then the worker passes a
 ``trainers.rewards.reward_set.RewardSet``);
 - ``metrics``: the per-step metric names it emits beyond the loop's own (the stream, dashboard, docs);
+- ``reference``: whether, and with which knobs, it holds a frozen reference policy (a ``ReferenceUse``;
+  the pre-flight estimate counts its memory, the rollout configs' ``uses_reference`` read it);
 - ``trainer`` and ``config``: import paths ``"module:attribute"``, resolved by the worker
   (``resolve``), never imported here.
 
@@ -51,6 +53,7 @@ __all__ = [
     "Constraint",
     "Hyperparameter",
     "Method",
+    "ReferenceUse",
     "choices",
     "get_method",
     "resolve",
@@ -182,6 +185,27 @@ SHARED_CONSTRAINTS: tuple[Constraint, ...] = (
 
 
 @dataclass(frozen=True)
+class ReferenceUse:
+    """How a method compares its policy with a frozen reference (the model it started from): a full-weight
+    job holds a second copy of the weights for it, a LoRA job disables its adapter instead. ``kl_knob``:
+    the coefficient whose 0 skips the reference pass; ``precomputed_knob``: the bool that computes the
+    reference log-probs once before training, so that none is held while it trains.
+
+    >>> ReferenceUse(kl_knob="beta").needed({"beta": 0.0})
+    False
+    """
+
+    kl_knob: str | None = None
+    precomputed_knob: str | None = None
+
+    def needed(self, hp: Mapping[str, Any]) -> bool:
+        """Whether a run with the resolved hyperparameters ``hp`` (API names) holds a reference."""
+        if self.precomputed_knob is not None and hp.get(self.precomputed_knob):
+            return False
+        return self.kl_knob is None or bool(hp.get(self.kl_knob))
+
+
+@dataclass(frozen=True)
 class Method:
     name: str
     summary: str
@@ -198,6 +222,13 @@ class Method:
     # its LoRA jobs can train on a base model shared with other jobs (trainers/families/shared_base.py):
     # it trains the causal LM it loads; a reward model trains a classifier built on it instead
     shares_base: bool = True
+    # None: the method has no reference policy (SFT, reward model, ORPO, CPO, SimPO)
+    reference: ReferenceUse | None = None
+
+    def uses_reference(self, hp: Mapping[str, Any]) -> bool:
+        """Whether a run with the resolved hyperparameters ``hp`` (API names) holds a reference policy
+        (``trainers.memory_model`` counts its memory, the RL configs load it)."""
+        return self.reference is not None and self.reference.needed(hp)
 
     def hyperparameter(self, name: str) -> Hyperparameter:
         for p in self.hyperparameters:
@@ -495,6 +526,7 @@ DPO = Method(
         "valid_logps/chosen",
         "valid_logps/rejected",
     ),
+    reference=ReferenceUse(precomputed_knob="precompute_ref_log_probs"),
 )
 
 REWARD_MODEL = Method(
@@ -626,6 +658,7 @@ KTO = Method(
     # chosen/rejected: averaged over the desirable/undesirable examples; absent from a step without any
     metrics=_KTO_METRICS,
     eval_metrics=_valid(_KTO_METRICS),
+    reference=ReferenceUse(),
 )
 
 GRPO = Method(
@@ -672,6 +705,7 @@ GRPO = Method(
     ),
     grader=True,
     eval_metrics=RL_EVAL_METRICS,
+    reference=ReferenceUse(kl_knob="beta"),
 )
 
 
@@ -723,6 +757,7 @@ PPO = Method(
     ),
     grader=True,
     eval_metrics=RL_EVAL_METRICS,
+    reference=ReferenceUse(kl_knob="kl_coef"),
 )
 
 RLOO = Method(
@@ -762,6 +797,7 @@ RLOO = Method(
     ),
     grader=True,
     eval_metrics=RL_EVAL_METRICS,
+    reference=ReferenceUse(kl_knob="beta"),
 )
 
 ONLINE_DPO = Method(
@@ -795,6 +831,7 @@ ONLINE_DPO = Method(
     ),
     grader=True,
     eval_metrics=RL_EVAL_METRICS,
+    reference=ReferenceUse(),  # DPO's log-ratios are to the reference
 )
 
 # OpenAI's `reinforcement` is GRPO under OpenAI's name

@@ -66,7 +66,8 @@ def _prompt_ids(task: InferenceTask, tokenizer: Any) -> list[int]:
 def _check_context(task: InferenceTask, model: Any, prompt_tokens: int) -> None:
     context = getattr(model.config, "max_position_embeddings", None)
     if isinstance(context, int) and prompt_tokens + task.max_tokens > context:
-        param = "messages" if prompt_tokens >= context else "max_tokens"
+        prompt = "prompt" if task.kind == "text" else "messages"  # /v1/completions' name, or chat's
+        param = prompt if prompt_tokens >= context else "max_tokens"
         raise RequestRefused(
             f"{param}: the prompt ({prompt_tokens} tokens) plus max_tokens ({task.max_tokens}) exceed "
             f"the model's context of {context} tokens",

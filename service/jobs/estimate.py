@@ -49,6 +49,7 @@ from trainers.memory_model import (
     planned_steps,
     precision_bytes,
 )
+from trainers.registry import get_method
 
 PREVIEW_EXAMPLES = 3
 # the metric rows read for a throughput: the latest of the latest finished jobs
@@ -56,16 +57,6 @@ THROUGHPUT_JOBS, THROUGHPUT_ROWS = 20, 2000
 # sequences a step runs per example: a preference pair is two, KTO pairs each completion with a mismatched
 # one for its KL reference point
 _ROWS_PER_EXAMPLE = {"dpo": 2, "reward_model": 2, "orpo": 2, "cpo": 2, "simpo": 2, "kto": 2}
-
-
-def _uses_reference(method: str, hp: dict[str, Any]) -> bool:
-    """Whether the method computes a reference policy (a frozen copy for a full-weight job): DPO and KTO
-    unless the reference log-probs are precomputed, online DPO, and the RL methods with a KL term."""
-    if method in ("dpo", "kto"):
-        return not hp.get("precompute_ref_log_probs", False)
-    if method == "online_dpo":
-        return True
-    return bool(hp.get("beta") or hp.get("kl_coef"))
 
 
 async def _worker_data(settings: Settings, task: EstimateTask) -> Message:
@@ -115,7 +106,7 @@ def _fit(
         row_width=width,
         micro_batch_targets=targets,
         gradient_checkpointing=bool(hp.get("gradient_checkpointing", False)),
-        reference=_uses_reference(checked.method.type, hp),
+        reference=get_method(checked.method.type).uses_reference(hp),
         ranks=checked.resources.ranks,
         sharded=checked.resources.strategy == "fsdp" and checked.resources.ranks > 1,
         # flash attention's varlen kernel (no mask) runs on CUDA in half precision

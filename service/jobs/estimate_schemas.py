@@ -23,7 +23,9 @@ class Truncation(BaseModel):
 
 
 class MemoryBreakdown(BaseModel):
-    """Bytes per device at a step's peak, by part (trainers/memory_model.py)."""
+    """Bytes per device at a step's peak, by part: ``trainers.memory_model.MemoryEstimate.as_dict``, field
+    for field (tests/trainers/test_memory_model.py; written out, not generated, so that the type checker
+    and the OpenAPI document see a plain model)."""
 
     weights: int
     gradients: int

@@ -173,6 +173,27 @@ def test_completions_n_seed_stop_and_usage(oai: openai.OpenAI) -> None:
     assert joined == texts
 
 
+def test_a_request_beyond_the_context_is_refused_by_the_worker(stack: Stack) -> None:
+    """The tiny model's context is 2048 tokens; the service lets max_tokens up to its own cap (4096) pass,
+    so the worker, which alone knows the model's context, refuses: a 400 naming the param, streamed or not."""
+    client = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=new_key(), max_retries=0, timeout=120)
+    with client:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as caught:
+                client.chat.completions.create(
+                    model=BASE,
+                    messages=QUESTION,  # type: ignore[arg-type]
+                    max_tokens=2048,
+                    stream=stream,
+                )
+            assert caught.value.body["param"] == "max_tokens", caught.value.body  # type: ignore[index]
+            assert "context of 2048 tokens" in caught.value.body["message"]  # type: ignore[index]
+        # a prompt alone beyond the context names the prompt: /v1/completions' own name for it
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model=BASE, prompt="The cat sat. " * 1000, max_tokens=2)
+        assert caught.value.body["param"] == "prompt", caught.value.body  # type: ignore[index]
+
+
 def test_another_tenants_models_are_not_found(stack: Stack, trained: dict[str, Any]) -> None:
     stranger = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=new_key(), max_retries=0)
     ckpt = trained["checkpoints"][0]

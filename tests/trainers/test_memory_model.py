@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from service.jobs.estimate_schemas import MemoryBreakdown
 from tests.trainers.peak_memory import measure_sft_peak, synthetic_rows
 from trainers.core.precision import PRECISIONS, autocast_dtype
 from trainers.families.entry import load_model_to_train
 from trainers.losses import causal_lm
 from trainers.memory_model import (
     HEAD_CHUNK_ELEMENTS,
+    MemoryEstimate,
     ModelShape,
     TrainingShape,
     estimate_memory,
@@ -66,6 +68,15 @@ def test_constants_follow_the_trainer() -> None:
         assert precision_bytes(precision, "cpu")[0] == expected, precision
     assert precision_bytes("auto", "cuda") == (2, 2)
     assert precision_bytes("fp16", "cuda") == (2, 4)  # a LoRA base stays fp32 under fp16
+
+
+def test_the_apis_breakdown_is_the_estimate_part_for_part() -> None:
+    estimate = MemoryEstimate(weights=1, gradients=2, optimizer=3, activations=4, logits=5, reference=6)
+    parts = estimate.as_dict()
+    assert parts["total"] == 21
+    # the same names in the same order: the API's model is written out by hand (its docstring says why)
+    assert list(MemoryBreakdown.model_fields) == list(parts)
+    assert MemoryBreakdown(**parts).model_dump() == parts
 
 
 def test_planned_steps() -> None:

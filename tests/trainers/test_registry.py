@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from service.jobs.spec import Method
 from tests.trainers.helpers import Recorder, small_config
-from trainers.core.config import TrainingConfig, knob, registry_default
+from trainers.core.config import RolloutConfig, TrainingConfig, knob, registry_default
 from trainers.core.errors import DataError
 from trainers.families.entry import TrainEntry
 from trainers.formats import FileFormat
@@ -61,6 +61,47 @@ def test_the_service_reads_the_registry_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+# whether each method's trainer holds a reference policy (its module docstring says so): the registry's
+# `reference` must say the same, since the estimate's memory (service/jobs/estimate.py) and the rollout
+# configs' `uses_reference` read it there
+REFERENCE_CASES: list[tuple[str, dict[str, Any], bool]] = [
+    ("supervised", {}, False),
+    ("reward_model", {}, False),
+    ("orpo", {"beta": 0.1}, False),  # ORPO, CPO and SimPO are reference-free whatever their beta
+    ("cpo", {"beta": 0.1}, False),
+    ("simpo", {"beta": 2.0}, False),
+    ("dpo", {"precompute_ref_log_probs": False}, True),
+    ("dpo", {"precompute_ref_log_probs": True}, False),
+    ("kto", {"beta": 0.1}, True),
+    ("online_dpo", {"beta": 0.1}, True),
+    ("grpo", {"beta": 0.0}, False),
+    ("grpo", {"beta": 0.04}, True),
+    ("reinforcement", {"beta": 0.04}, True),
+    ("rloo", {"beta": 0.0}, False),
+    ("rloo", {"beta": 0.05}, True),
+    ("ppo", {"kl_coef": 0.0}, False),
+    ("ppo", {"kl_coef": 0.05}, True),
+]
+
+
+def test_every_method_says_whether_it_holds_a_reference() -> None:
+    assert {name for name, _, _ in REFERENCE_CASES} == set(METHODS)
+
+
+@pytest.mark.parametrize(("name", "hp", "uses"), REFERENCE_CASES)
+def test_the_reference_is_declared_once_and_read_by_the_configs(
+    name: str, hp: dict[str, Any], uses: bool, tmp_path: Path
+) -> None:
+    entry = METHODS[name]
+    assert entry.uses_reference(hp) is uses
+    if entry.reference is not None:  # the knobs it names are the method's own
+        for knob_name in (entry.reference.kl_knob, entry.reference.precomputed_knob):
+            assert knob_name is None or entry.hyperparameter(knob_name).kind in ("float", "bool")
+    config = small_config(name, tmp_path, tmp_path, **hp)
+    if isinstance(config, RolloutConfig):
+        assert config.uses_reference is uses
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -155,5 +155,8 @@ class RolloutConfig(TrainingConfig):
     @property
     def uses_reference(self) -> bool:
         """Whether the method compares the policy with the base model (then a full fine-tune loads a
-        frozen copy of it; LoRA disables its adapter instead)."""
-        raise NotImplementedError
+        frozen copy of it; LoRA disables its adapter instead): the registry entry's ``reference``."""
+        entry = get_method(self.method)
+        return entry.uses_reference(
+            {p.name: getattr(self, p.field) for p in entry.hyperparameters if p.in_trainer}
+        )

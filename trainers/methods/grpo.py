@@ -67,10 +67,6 @@ class GRPOConfig(RolloutConfig):
     num_iterations: int = knob("grpo", "num_iterations")
     mask_truncated_completions: bool = knob("grpo", "mask_truncated_completions")
 
-    @property
-    def uses_reference(self) -> bool:
-        return self.beta != 0.0
-
 
 # -- batches --------------------------------------------------------------------------------------------
 

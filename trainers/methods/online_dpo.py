@@ -73,10 +73,6 @@ class OnlineDPOConfig(RolloutConfig):
     loss_type: str = knob("online_dpo", "loss_type")
     missing_eos_penalty: float | None = knob("online_dpo", "missing_eos_penalty")
 
-    @property
-    def uses_reference(self) -> bool:
-        return True  # DPO's log-ratios are to the reference
-
 
 # -- batches --------------------------------------------------------------------------------------------
 @dataclass

@@ -86,10 +86,6 @@ class PPOConfig(RolloutConfig):
     whiten_advantages: bool = knob("ppo", "whiten_advantages")
     missing_eos_penalty: float | None = knob("ppo", "missing_eos_penalty")
 
-    @property
-    def uses_reference(self) -> bool:
-        return self.kl_coef != 0
-
 
 # -- batches --------------------------------------------------------------------------------------------
 @dataclass

@@ -66,10 +66,6 @@ class RLOOConfig(RolloutConfig):
     normalize_advantages: bool = knob("rloo", "normalize_advantages")
     mask_truncated_completions: bool = knob("rloo", "mask_truncated_completions")
 
-    @property
-    def uses_reference(self) -> bool:
-        return self.beta != 0.0
-
 
 # -- the method -----------------------------------------------------------------------------------------
 def rloo_batch_loss(model: torch.nn.Module, batch: GRPOBatch, *, config: RLOOConfig) -> LossSums:
