@@ -16,9 +16,12 @@ from transformers import AutoModelForCausalLM
 
 from tests.trainers.helpers import Recorder
 from tests.trainers.methods.test_dpo import separable_rows
+from tests.trainers.methods.test_grpo import HAS_E_SET
+from tests.trainers.methods.test_grpo import ROWS as GRPO_ROWS
 from trainers.core.callbacks import TrainResult
 from trainers.families.shared_base import SharedBase
 from trainers.methods.dpo import DPOConfig, train_dpo
+from trainers.methods.grpo import GRPOConfig, train_grpo
 from trainers.methods.sft import SFTConfig, train_sft
 
 # Interleaving whole steps runs each job's operations in its own order on the same weights, with its own
@@ -53,12 +56,34 @@ def _jobs(tiny: Path, tmp: Path, rows: list[dict[str, Any]]) -> dict[str, Callab
 
         return make
 
+    def grpo(name: str) -> Callable[[], Run]:
+        def make() -> Run:
+            config = GRPOConfig(
+                model_path=str(tiny),
+                output_dir=str(tmp / name),
+                use_lora=True,
+                batch_size=4,
+                num_generations=4,
+                max_completion_length=4,
+                max_steps=4,
+                beta=0.05,  # the KL to the reference: the base with the adapter disabled
+                learning_rate=1e-2,
+                lora_dropout=0.1,
+            )
+            recorder = Recorder()
+            runs[name] = recorder
+            return lambda: train_grpo(config, GRPO_ROWS, callbacks=recorder, rewards=HAS_E_SET)
+
+        return make
+
     runs.clear()
     return {
         # dropout draws from the global generator: each job must draw from its own
         "sft-a": sft("sft-a", seed=1, learning_rate=1e-3, batch_size=4, lora_dropout=0.1),
         "sft-b": sft("sft-b", seed=2, learning_rate=5e-3, batch_size=8, lora_r=4),
         "dpo": dpo("dpo"),
+        # sampling draws from the global generator too, and samples through merged adapter weights
+        "grpo": grpo("grpo"),
     }
 
 
@@ -103,7 +128,7 @@ def test_jobs_on_a_shared_base_train_as_they_do_alone(
         thread.join(timeout=600)
     assert not errors, errors
     for name, solo in alone.items():
-        assert len(solo.steps) > 3
+        assert len(solo.steps) >= 4
         assert _losses(runs[name]) == pytest.approx(_losses(solo), rel=REL), name
         # the download: the adapter merged into a copy of the base, the same weights as a lone job's
         shared, own = _final_weights(runs[name]), _final_weights(solo)
