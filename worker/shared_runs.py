@@ -40,7 +40,7 @@ from worker.spare_trainer import SpareTrainer
 log = logging.getLogger("tunehouse.worker")
 
 CLAIM_EVERY_SECONDS = 1.0  # how often a running shared process looks for a job to take in
-LOST_LEASE_GRACE_SECONDS = 30.0  # as worker/supervisor.py: then the process is killed
+LOST_LEASE_GRACE_SECONDS = 30.0  # as worker/supervisor.py (see `_heartbeat`)
 
 
 def share_key(job_id: str) -> str | None:
@@ -65,6 +65,7 @@ def share_key(job_id: str) -> str | None:
 @dataclass
 class _Member:
     lost_since: float | None = None  # when its lease was found lost
+    stop_sent: bool = False
 
 
 def run_shared(
@@ -212,13 +213,20 @@ def _read_notices(fd: int, notices: queue.Queue[tuple[str, int]]) -> None:
 
 
 def _heartbeat(members: dict[str, _Member], *, worker_id: str, send: Callable[[str], None]) -> bool:
-    """Refresh every member's lease; a member whose lease is lost is asked to stop. True when one has
-    kept running past the grace: the process must be killed (its other jobs restart from checkpoints)."""
+    """Refresh every member's lease. A member whose lease is lost (cancelled, taken over) sees it itself
+    at its next control poll and stops (worker/reporter.py should_stop: "Training stopped ..."), as a
+    lone trainer does; one still running `LOST_LEASE_GRACE_SECONDS` later is asked to stop, and one
+    running twice that long makes this return True: the process must be killed (its other jobs restart
+    from their checkpoints), as a lone trainer is killed after the same grace."""
     for job_id, member in members.items():
         if member.lost_since is not None:
-            if time.time() - member.lost_since > LOST_LEASE_GRACE_SECONDS:
+            lost_for = time.time() - member.lost_since
+            if lost_for > 2 * LOST_LEASE_GRACE_SECONDS:
                 log.warning("job %s: lease lost and still running; killing its shared-base trainer", job_id)
                 return True
+            if lost_for > LOST_LEASE_GRACE_SECONDS and not member.stop_sent:
+                member.stop_sent = True
+                send(f"stop {job_id}")
             continue
         try:
             with session_scope() as session:
@@ -230,7 +238,6 @@ def _heartbeat(members: dict[str, _Member], *, worker_id: str, send: Callable[[s
             continue
         if not held:
             member.lost_since = time.time()
-            send(f"stop {job_id}")
     return False
 
 

@@ -140,9 +140,11 @@ def test_the_export_is_the_adapter_merged_into_the_dequantized_base(
     with torch.no_grad():
         exported = reloaded(input_ids=ids).logits
         original = AutoModelForCausalLM.from_pretrained(tiny_model_path)(input_ids=ids).logits
-    # NF4 quantizes weights only: the exported fp32 layer is the product the trained one ran. LLM.int8
-    # also rounds each product's inputs to 8 bits, which no plain model does (measured: 4e-3 here)
-    assert torch.allclose(exported, trained, atol=1e-5 if quantization == "nf4" else 2e-2)
+    # NF4 quantizes weights only: the exported fp32 layer is the product the trained one ran, up to how
+    # bitsandbytes' CPU kernel rounds it (within 1e-5 on earlier hosts; 2.6e-3 on an AVX512-BF16 one: a bf16
+    # product). LLM.int8 also rounds each product's inputs to 8 bits, which no plain model does (5e-3).
+    # Both far below the adapter's own effect (0.5, the next line), which a merge that lost it would miss.
+    assert torch.allclose(exported, trained, atol=1e-2 if quantization == "nf4" else 2e-2)
     assert not torch.allclose(exported, original, atol=0.1)  # the adapter is in it
 
 
