@@ -5,14 +5,20 @@ and resume from the job's latest checkpoint (worker/job_process.py).
 
 from __future__ import annotations
 
+import logging
 import signal
 
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
+from service.config import Settings
+from service.db import session_scope
 from service.jobs import lifecycle, repository
 from service.jobs.events import add_event, state_event
 from service.models import Job
+from worker.outage import is_outage
+
+log = logging.getLogger("tunehouse.worker")
 
 # SIGKILL is what the kernel's OOM killer sends; say so, it is the likely cause
 _SIGNAL_HINTS = {signal.SIGKILL: " (out of memory, or killed by an operator)"}
@@ -86,3 +92,41 @@ def hand_back(session: Session, *, job_id: str, worker_id: str, why: str) -> str
             data=state_event("queued", "job.handed_back", worker=worker_id),
         )
     return status
+
+
+def run_ended_without_outcome(
+    job_id: str, *, worker_id: str, stopping: bool, what: str, cause: str, settings: Settings
+) -> None:
+    """The trainer (`what`) of a job we hold ended without recording its outcome. The worker was
+    `stopping` (SIGTERM) and the trainer did not checkpoint within the grace: a hand-back, from the
+    previous checkpoint; else it died (`cause`): a charged restart, or a failure past max_restarts."""
+    with session_scope() as session:
+        if stopping:
+            hand_back(
+                session,
+                job_id=job_id,
+                worker_id=worker_id,
+                why=f"worker {worker_id} shut down and {what} did not checkpoint within "
+                f"{settings.shutdown_grace_seconds:.0f}s; it resumes from its previous checkpoint",
+            )
+        else:
+            restart_or_fail(
+                session,
+                job_id=job_id,
+                expect=held_by(worker_id),
+                cause=cause,
+                max_restarts=settings.max_restarts,
+            )
+
+
+def release_and_status(job_id: str, *, worker_id: str) -> str | None:
+    """Our run of the job is over: clear the lease holder (lifecycle.release), then the job's status."""
+    try:
+        with session_scope() as session:
+            lifecycle.release(session, job_id=job_id, worker_id=worker_id)
+    except Exception as exc:  # the job's streams then end a lease timeout after its last heartbeat
+        if not is_outage(exc):
+            raise
+        log.warning("job %s: could not release it, database unavailable", job_id)
+    with session_scope() as session:
+        return repository.status_of(session, job_id)

@@ -34,7 +34,7 @@ from service.jobs.spec import load_method, quantization_of
 from trainers.registry import get_method
 from worker.launch import kill_trainer, shared_base_command, start_trainer, worker_queues
 from worker.outage import is_outage
-from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
+from worker.recovery import describe_exit, release_and_status, run_ended_without_outcome
 from worker.spare_trainer import SpareTrainer
 
 log = logging.getLogger("tunehouse.worker")
@@ -182,24 +182,15 @@ def _drive(
         members.pop(job_id, None)
         statuses[job_id] = _ended(job_id, code, worker_id=worker_id)
     for job_id in members:
-        with session_scope() as session:
-            if stop_asked is not None:
-                hand_back(
-                    session,
-                    job_id=job_id,
-                    worker_id=worker_id,
-                    why=f"worker {worker_id} shut down and the shared-base trainer did not checkpoint "
-                    f"within {settings.shutdown_grace_seconds:.0f}s; it resumes from its previous checkpoint",
-                )
-            else:
-                restart_or_fail(
-                    session,
-                    job_id=job_id,
-                    expect=held_by(worker_id),
-                    cause=f"its shared-base trainer {_describe(proc.returncode)}",
-                    max_restarts=settings.max_restarts,
-                )
-        statuses[job_id] = _released(job_id, worker_id=worker_id)
+        run_ended_without_outcome(
+            job_id,
+            worker_id=worker_id,
+            stopping=stop_asked is not None,
+            what="the shared-base trainer",
+            cause=f"its shared-base trainer {_describe(proc.returncode)}",
+            settings=settings,
+        )
+        statuses[job_id] = release_and_status(job_id, worker_id=worker_id)
     return statuses
 
 
@@ -244,28 +235,15 @@ def _heartbeat(members: dict[str, _Member], *, worker_id: str, send: Callable[[s
 def _ended(job_id: str, code: int, *, worker_id: str) -> str | None:
     """A job's thread ended: with its outcome recorded (0), or dead before (a crash: restart it)."""
     if code != 0:
-        settings = get_settings()
-        with session_scope() as session:
-            restart_or_fail(
-                session,
-                job_id=job_id,
-                expect=held_by(worker_id),
-                cause="its thread in the shared-base trainer died",
-                max_restarts=settings.max_restarts,
-            )
-    return _released(job_id, worker_id=worker_id)
-
-
-def _released(job_id: str, *, worker_id: str) -> str | None:
-    try:
-        with session_scope() as session:
-            lifecycle.release(session, job_id=job_id, worker_id=worker_id)
-    except Exception as exc:  # the job's streams then end a lease timeout after its last heartbeat
-        if not is_outage(exc):
-            raise
-        log.warning("job %s: could not release it, database unavailable", job_id)
-    with session_scope() as session:
-        return repository.status_of(session, job_id)
+        run_ended_without_outcome(
+            job_id,
+            worker_id=worker_id,
+            stopping=False,
+            what="its thread",
+            cause="its thread in the shared-base trainer died",
+            settings=get_settings(),
+        )
+    return release_and_status(job_id, worker_id=worker_id)
 
 
 def _describe(returncode: int | None) -> str:

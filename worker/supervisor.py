@@ -38,7 +38,7 @@ from worker.launch import (
     worker_queues,
 )
 from worker.outage import is_outage
-from worker.recovery import describe_exit, hand_back, held_by, restart_or_fail
+from worker.recovery import describe_exit, release_and_status, run_ended_without_outcome
 from worker.shared_runs import run_shared, share_key
 from worker.spare_trainer import SpareTrainer
 
@@ -224,29 +224,12 @@ def _run_alone(job_id: str, *, worker_id: str) -> str | None:
         _spare.start()  # it imports while this job's outcome is recorded and the next one claimed
     if proc.returncode != 0:
         # the trainer records its own outcome and exits 0; anything else ended it from outside
-        with session_scope() as session:
-            if stop_asked is not None:
-                hand_back(
-                    session,
-                    job_id=job_id,
-                    worker_id=worker_id,
-                    why=f"worker {worker_id} shut down and the trainer did not checkpoint within "
-                    f"{settings.shutdown_grace_seconds:.0f}s; it resumes from its previous checkpoint",
-                )
-            else:
-                restart_or_fail(
-                    session,
-                    job_id=job_id,
-                    expect=held_by(worker_id),
-                    cause=describe_exit(proc.returncode),
-                    max_restarts=settings.max_restarts,
-                )
-    try:
-        with session_scope() as session:
-            lifecycle.release(session, job_id=job_id, worker_id=worker_id)
-    except Exception as exc:  # the job's streams then end a lease timeout after its last heartbeat
-        if not is_outage(exc):
-            raise
-        log.warning("job %s: could not release it, database unavailable", job_id)
-    with session_scope() as session:
-        return repository.status_of(session, job_id)
+        run_ended_without_outcome(
+            job_id,
+            worker_id=worker_id,
+            stopping=stop_asked is not None,
+            what="the trainer",
+            cause=describe_exit(proc.returncode),
+            settings=settings,
+        )
+    return release_and_status(job_id, worker_id=worker_id)
