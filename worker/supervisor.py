@@ -121,7 +121,7 @@ def _claim_next(worker_id: str) -> str | None:
     )
 
 
-def _announce_start(job_id: str, worker_id: str, how: str | None = None) -> None:
+def _announce_start(job_id: str, *, worker_id: str, how: str | None = None) -> None:
     """The job's "Job started" event: where, which attempt, and `how` (on a shared base)."""
     settings = get_settings()
     with session_scope() as session:
@@ -157,7 +157,12 @@ def _run_claimed(job_id: str, *, worker_id: str) -> dict[str, str | None]:
     key = share_key(job_id) if settings.shared_base_jobs > 1 else None
     if key is not None:
         statuses = run_shared(
-            job_id, key, worker_id=worker_id, shutdown=_shutdown, announce=_announce_start, spare=_spare
+            job_id,
+            key,
+            worker_id=worker_id,
+            shutdown=_shutdown,
+            announce=lambda joining, how: _announce_start(joining, worker_id=worker_id, how=how),
+            spare=_spare,
         )
         if _spare is not None and not _shutdown.is_set():
             _spare.start()  # the spare became the shared trainer: start the next
@@ -168,7 +173,7 @@ def _run_claimed(job_id: str, *, worker_id: str) -> dict[str, str | None]:
 def _run_alone(job_id: str, *, worker_id: str) -> str | None:
     """Run the job in a trainer process of its own; returns its status then."""
     settings = get_settings()
-    _announce_start(job_id, worker_id)
+    _announce_start(job_id, worker_id=worker_id)
     with session_scope() as session:
         resources = repository.attempt_and_resources(session, job_id)[1]
         # only a QLoRA job's trainer imports bitsandbytes (worker/launch.py WITHOUT_BITSANDBYTES), so

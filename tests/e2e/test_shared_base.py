@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,8 +98,15 @@ def test_lora_jobs_share_one_process_and_train_as_alone(tenants: Callable[[], ht
     finished = [wait_for(http, j, timeout=300) for http, j in zip(clients, jobs, strict=False)]
     assert all(job["status"] == "succeeded" for job in finished), finished
     for http, job_id in zip(clients, jobs, strict=False):
-        started = [e["message"] for e in _events(http, job_id) if e["message"].startswith("Job started")]
-        assert len(started) == 1 and "sharing one copy of its base model" in started[0], started
+        started = [e for e in _events(http, job_id) if e["message"].startswith("Job started")]
+        assert len(started) == 1, started
+        worker = started[0]["data"]["worker"]
+        assert re.fullmatch(r"[^:\s]+:\d+", worker), worker  # host:pid, the worker's id
+        assert re.fullmatch(
+            rf"Job started on worker {re.escape(worker)} \(attempt 1\), "
+            r"sharing one copy of its base model with [0-2] other job\(s\)",
+            started[0]["message"],
+        ), started[0]["message"]
     # the first job again, alone now: the same losses (each job kept its own adapter, data order and
     # random state; see tests/trainers/families/test_shared_base.py for the tolerance)
     again = _submit(clients[3], seed=1, lr=1e-3, epochs=6)
