@@ -84,8 +84,19 @@ class RayCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """What every process of the cluster, and its driver, runs with."""
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_USAGE_STATS_ENABLED": "0"}
+        """What every process of the cluster, and its driver, runs with. The GCS checks each node every
+        0.5 s and calls it dead after 2 misses: a killed node's rank fails the survivor's gloo collective at
+        once, and with Ray's default checks (seconds apart) the restarted job's driver could still count
+        the dead node alive and not wait for a replacement (tests/ray/test_multi_node_jobs.py's killed
+        node; a deployment wants its health checks faster than a job's restart, docs/ray.md)."""
+        return {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.token,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_health_check_period_ms": "500",
+            "RAY_health_check_timeout_ms": "500",
+            "RAY_health_check_failure_threshold": "2",
+        }
 
     def _start(self, args: list[str], temp: Path) -> None:
         temp.mkdir(parents=True, exist_ok=True)
