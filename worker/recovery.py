@@ -1,6 +1,7 @@
-"""What happens to a job whose run ended without an outcome: a crash is a bounded restart, a
-shutdown or a pause is a hand-back. Both go back to the queue through service.jobs.lifecycle.requeue,
-and resume from the job's latest checkpoint (worker/job_process.py).
+"""A running job's lease (``renew_lease``), and what happens to a job whose run ended without an
+outcome: a crash is a bounded restart, a shutdown or a pause is a hand-back. Both go back to the queue
+through service.jobs.lifecycle.requeue, and resume from the job's latest checkpoint
+(worker/job_process.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,20 @@ log = logging.getLogger("tunehouse.worker")
 
 # SIGKILL is what the kernel's OOM killer sends; say so, it is the likely cause
 _SIGNAL_HINTS = {signal.SIGKILL: " (out of memory, or killed by an operator)"}
+
+
+def renew_lease(job_id: str, *, worker_id: str) -> bool | None:
+    """Heartbeat the job's lease: True while this worker holds it, False once it is lost (cancelled,
+    taken over), None when the database is down (the trainer buffers meanwhile; beyond
+    `lease_timeout_seconds` another worker may take the job over)."""
+    try:
+        with session_scope() as session:
+            return lifecycle.heartbeat(session, job_id=job_id, worker_id=worker_id)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        log.warning("job %s: heartbeat failed, database unavailable", job_id)
+        return None
 
 
 def held_by(worker_id: str) -> ColumnElement[bool]:

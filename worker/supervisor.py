@@ -37,8 +37,7 @@ from worker.launch import (
     trainer_exited,
     worker_queues,
 )
-from worker.outage import is_outage
-from worker.recovery import describe_exit, release_and_status, run_ended_without_outcome
+from worker.recovery import describe_exit, release_and_status, renew_lease, run_ended_without_outcome
 from worker.shared_runs import run_shared, share_key
 from worker.spare_trainer import SpareTrainer
 
@@ -207,16 +206,7 @@ def _run_alone(job_id: str, *, worker_id: str) -> str | None:
             continue
         last_beat = time.monotonic()
         if lost_since is None or time.time() - lost_since < LOST_LEASE_GRACE_SECONDS:
-            try:
-                with session_scope() as session:
-                    held = lifecycle.heartbeat(session, job_id=job_id, worker_id=worker_id)
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                # the trainer buffers meanwhile; beyond lease_timeout another worker may take over
-                log.warning("job %s: heartbeat failed, database unavailable", job_id)
-                continue
-            if not held and lost_since is None:
+            if renew_lease(job_id, worker_id=worker_id) is False and lost_since is None:
                 lost_since = time.time()
         else:
             log.warning(
