@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import setproctitle
@@ -214,8 +215,7 @@ def run_on_shared_base(job_id: str, worker_id: str, base: SharedBase, shutdown: 
         job = repository.job(session, job_id)
         assert job is not None
         session.expunge_all()
-    with base.seat(job_id):
-        _run_main(job, load_method(job.method), worker_id=worker_id, shutdown=shutdown)
+    _run_main(job, load_method(job.method), worker_id=worker_id, shutdown=shutdown, seat=base.seat(job_id))
 
 
 def _run_other_rank(job: Job, method: MethodBase) -> None:
@@ -233,7 +233,17 @@ def _run_other_rank(job: Job, method: MethodBase) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threading.Event) -> None:
+def _run_main(
+    job: Job,
+    method: MethodBase,
+    *,
+    worker_id: str,
+    shutdown: threading.Event,
+    seat: AbstractContextManager[None] | None = None,
+) -> None:
+    """Rank 0's run: inputs, training, checkpoints and the outcome. ``seat``: a job on a shared base trains
+    in it (``SharedBase.seat``); its inputs' download and its results' upload run outside, beside the
+    other jobs' steps."""
     settings = get_settings()
     job_id = job.id
     blobs = get_blob_store()
@@ -270,7 +280,8 @@ def _run_main(job: Job, method: MethodBase, *, worker_id: str, shutdown: threadi
             at_train_begin=log_probs.store_if_changed if log_probs is not None else None,
         )
         try:
-            result = run_method(method, inputs, reporter)
+            with seat or nullcontext():
+                result = run_method(method, inputs, reporter)
         finally:  # no row is written behind the outcome recorded below
             reporter.close()
         reporter.flush(wait=True)

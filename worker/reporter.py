@@ -40,6 +40,7 @@ from service.jobs.live import LIVE_BATCH_SECONDS, PUBLISH_RETRY_SECONDS, channel
 from service.models import Checkpoint, JobMetric
 from service.storage import BlobStore, BlobStoreUnavailable
 from service.webhooks.events import CHECKPOINT_KIND
+from trainers.core import turns
 from trainers.core.loop import CheckpointInfo, StopRequest
 from trainers.registry import OPENAI_CHECKPOINT_METRICS, OPENAI_CHECKPOINT_PREFIXES
 from worker.checkpoints import prune_resumable_states
@@ -158,7 +159,8 @@ class JobReporter:
 
         self._must_write("training started", write)
         if self.at_train_begin is not None:
-            self.at_train_begin()
+            with turns.away():  # an upload
+                self.at_train_begin()
 
     def on_step(self, row: dict[str, float]) -> None:
         self._raise_sender_error()
@@ -193,6 +195,11 @@ class JobReporter:
         self._must_write("epoch event", write)
 
     def on_checkpoint(self, ckpt: CheckpointInfo) -> None:
+        # the files are written: jobs beside this one on a shared base train while they upload
+        with turns.away():
+            self._store_checkpoint(ckpt)
+
+    def _store_checkpoint(self, ckpt: CheckpointInfo) -> None:
         # the rows up to this step land first: a resume from this checkpoint must find no gap
         self.flush(wait=True)
         ckpt_id = new_id("ftckpt")

@@ -1,6 +1,6 @@
 """A worker's LoRA jobs on one base model, trained together in one process that holds the base once.
 
-When the job a worker claims can share its base (``share_key``: a LoRA adapter on an unquantized base,
+When the job a worker claims can share its base (``share_key``: a LoRA adapter, quantized base or not,
 one rank, a method that trains the model it loads) and `settings.shared_base_jobs` > 1, the worker
 starts a shared-base trainer (worker/shared_base_host.py) for it instead of a lone trainer, and while
 that runs it keeps claiming: whenever the fairest job that may start has the same key and the process
@@ -33,8 +33,7 @@ from service.jobs.resources import job_resources
 from service.jobs.spec import load_method, quantization_of
 from trainers.registry import get_method
 from worker.launch import kill_trainer, shared_base_command, start_trainer, worker_queues
-from worker.outage import is_outage
-from worker.recovery import describe_exit, release_and_status, run_ended_without_outcome
+from worker.recovery import describe_exit, release_and_status, renew_lease, run_ended_without_outcome
 from worker.spare_trainer import SpareTrainer
 
 log = logging.getLogger("tunehouse.worker")
@@ -43,10 +42,21 @@ CLAIM_EVERY_SECONDS = 1.0  # how often a running shared process looks for a job 
 LOST_LEASE_GRACE_SECONDS = 30.0  # as worker/supervisor.py (see `_heartbeat`)
 
 
-def share_key(job_id: str) -> str | None:
-    """What jobs must have in common to train on one copy of a base, or None if this job trains alone:
-    the model, and the settings that decide how the base is held (its dtype through the precision, the
-    kernels installed on it)."""
+@dataclass(frozen=True)
+class ShareKey:
+    """What jobs must have in common to train on one copy of a base: the model, and the settings that
+    decide how the base is held (its dtype through the precision, its quantization, the kernels
+    installed on it)."""
+
+    model: str
+    mixed_precision: str
+    quantization: str | None
+    gradient_checkpointing: bool
+
+
+def share_key(job_id: str) -> ShareKey | None:
+    """This job's ``ShareKey``, or None if it trains alone (full weights, several ranks, a method whose
+    model is not the causal LM it loads)."""
     with session_scope() as session:
         job = repository.job(session, job_id)
         if job is None:
@@ -57,9 +67,14 @@ def share_key(job_id: str) -> str | None:
     if need.ranks > 1 or need.multi_node or not get_method(method.type).shares_base:
         return None
     hp = getattr(getattr(method, method.type), "hyperparameters", None)
-    if hp is None or not getattr(hp, "lora", False) or quantization_of(method) is not None:
+    if hp is None or not getattr(hp, "lora", False):
         return None
-    return f"{model}|{getattr(hp, 'mixed_precision', 'auto')}|{getattr(hp, 'gradient_checkpointing', False)}"
+    return ShareKey(
+        model,
+        getattr(hp, "mixed_precision", "auto"),
+        quantization_of(method),
+        getattr(hp, "gradient_checkpointing", False),
+    )
 
 
 @dataclass
@@ -70,7 +85,7 @@ class _Member:
 
 def run_shared(
     first: str,
-    key: str,
+    key: ShareKey,
     *,
     worker_id: str,
     shutdown: threading.Event,
@@ -90,9 +105,13 @@ def run_shared(
         reader = threading.Thread(target=_read_notices, args=(fd, notices), daemon=True)
         reader.start()
         try:
-            proc = spare.take_as_shared_base(worker_id, fifo) if spare is not None else None
+            # the spare runs without bitsandbytes (worker/launch.py): a quantized base needs a fresh one
+            quantized = key.quantization is not None
+            proc = spare.take_as_shared_base(worker_id, fifo) if spare is not None and not quantized else None
             if proc is None:
-                proc = start_trainer(shared_base_command(worker_id, fifo), stdin=subprocess.PIPE)
+                proc = start_trainer(
+                    shared_base_command(worker_id, fifo), stdin=subprocess.PIPE, quantized=quantized
+                )
             return _drive(
                 proc, first, key, notices, worker_id=worker_id, shutdown=shutdown, announce=announce
             )
@@ -104,7 +123,7 @@ def run_shared(
 def _drive(
     proc: subprocess.Popen[bytes],
     first: str,
-    key: str,
+    key: ShareKey,
     notices: queue.Queue[tuple[str, int]],
     *,
     worker_id: str,
@@ -219,15 +238,7 @@ def _heartbeat(members: dict[str, _Member], *, worker_id: str, send: Callable[[s
                 member.stop_sent = True
                 send(f"stop {job_id}")
             continue
-        try:
-            with session_scope() as session:
-                held = lifecycle.heartbeat(session, job_id=job_id, worker_id=worker_id)
-        except Exception as exc:
-            if not is_outage(exc):
-                raise
-            log.warning("job %s: heartbeat failed, database unavailable", job_id)
-            continue
-        if not held:
+        if renew_lease(job_id, worker_id=worker_id) is False:
             member.lost_since = time.time()
     return False
 

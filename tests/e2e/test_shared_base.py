@@ -59,8 +59,8 @@ def tenants(service: str) -> Iterator[Callable[[], httpx.Client]]:
         yield client
 
 
-def _submit(http: httpx.Client, *, seed: int, lr: float, epochs: int, rows: int = 16) -> str:
-    hp = {"n_epochs": epochs, "batch_size": 2, "learning_rate": lr, "save_steps": 4}
+def _submit(http: httpx.Client, *, seed: int, lr: float, epochs: int, rows: int = 16, **extra: Any) -> str:
+    hp = {"n_epochs": epochs, "batch_size": 2, "learning_rate": lr, "save_steps": 4, **extra}
     created = http.post(
         "/v1/fine_tuning/jobs",
         json={
@@ -114,6 +114,27 @@ def test_lora_jobs_share_one_process_and_train_as_alone(tenants: Callable[[], ht
     together, alone = _losses(clients[0], jobs[0]), _losses(clients[3], again)
     assert len(together) == 48
     assert together == pytest.approx(alone, rel=1e-6)
+
+
+def test_qlora_jobs_share_one_4bit_base(tenants: Callable[[], httpx.Client]) -> None:
+    """Two QLoRA jobs train in one process on one 4-bit base: a fresh trainer with bitsandbytes (the
+    worker's spare runs without it, worker/launch.py), each job ending with its own final model."""
+    clients = [tenants() for _ in range(2)]
+    jobs = [
+        _submit(http, seed=i, lr=1e-3, epochs=3, rows=8, quantization="nf4") for i, http in enumerate(clients)
+    ]
+    deadline = time.monotonic() + 120
+    while any(trainer_pid(j) is None for j in jobs):
+        assert time.monotonic() < deadline, "the jobs never ran together"
+        time.sleep(0.05)
+    assert len({trainer_pid(j) for j in jobs}) == 1
+    finished = [wait_for(http, j, timeout=300) for http, j in zip(clients, jobs, strict=True)]
+    assert all(job["status"] == "succeeded" for job in finished), finished
+    for http, job in zip(clients, finished, strict=True):
+        assert any("sharing one copy of its base model" in e["message"] for e in _events(http, job["id"]))
+        checkpoints = all_pages(http, f"/v1/fine_tuning/jobs/{job['id']}/checkpoints")
+        final = [c for c in checkpoints if c["fine_tuned_model_checkpoint"] == job["fine_tuned_model"]]
+        assert len(final) == 1, checkpoints
 
 
 def test_cancelling_one_job_leaves_the_others_running(tenants: Callable[[], httpx.Client]) -> None:

@@ -188,8 +188,8 @@ def _method(kind: str = "supervised", **hp: Any) -> dict[str, Any]:
 
 
 def test_which_jobs_share_a_base() -> None:
-    """LoRA jobs on one model with the same precision and kernels share; a full fine-tune, a quantized
-    base, a reward model (a classifier of its own) or a multi-rank job trains alone."""
+    """LoRA jobs on one model with the same precision, quantization and kernels share; a full
+    fine-tune, a reward model (a classifier of its own) or a multi-rank job trains alone."""
     from worker.shared_runs import share_key
 
     a = _tenant()
@@ -201,7 +201,10 @@ def test_which_jobs_share_a_base() -> None:
     assert share_key(_job(a, method=_method(gradient_checkpointing=True))) not in (None, key)
     assert share_key(_job(a, method=_method(), model="tunehouse/other")) not in (None, key)
     assert share_key(_job(a, method=_method(lora=False))) is None
-    assert share_key(_job(a, method=_method(quantization="nf4"))) is None
+    nf4 = share_key(_job(a, method=_method(quantization="nf4")))
+    assert nf4 is not None and nf4 != key and nf4.quantization == "nf4"  # QLoRA jobs share a 4-bit base
+    assert share_key(_job(_tenant(), method=_method("dpo", quantization="nf4"))) == nf4
+    assert share_key(_job(a, method=_method(quantization="int8"))) not in (None, key, nf4)
     assert share_key(_job(a, method=_method("reward_model"))) is None
     assert share_key(_job(a, method=_method(), resources={"gpus": 2})) is None
 

@@ -22,6 +22,7 @@ format check their own headers.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -299,21 +300,73 @@ def _save_active_adapter(model: PeftModel, path: Path) -> None:
 def _export_merged_copy(model: PeftModel, path: Path) -> None:
     """Export the base with the active adapter merged, as ``merged_model`` does, but into new tensors:
     the base's own stay as they are (other jobs train on them). Costs one copy of the adapted layers'
-    weights while it writes."""
+    weights while it writes (of every quantized layer's, dequantized, for a quantized base)."""
     name = model.active_adapter
     base = model.get_base_model()
     assert isinstance(base, PreTrainedModel)
-    weights: dict[str, torch.Tensor] = {}
-    for key, value in base.state_dict().items():
-        if ".lora_" not in key:  # every adapter's weights; the wrapped layer's own as its plain name
-            weights[key.replace(".base_layer.", ".")] = value
+    weights = _plain_weights(base)
     for module_name, module in base.named_modules():
         if isinstance(module, LoraLayer) and name in module.lora_A:
-            own = module.get_base_layer().weight
+            key = f"{module_name}.weight"
             delta = module.get_delta_weight(name)  # type: ignore[attr-defined]  # (every LoRA layer kind)
-            weights[f"{module_name}.weight"] = own + delta.to(own.dtype)
-    base.config.use_cache = True  # as `_export`
-    base.save_pretrained(path, state_dict=weights)
+            weights[key] = weights[key] + delta.to(weights[key].dtype)
+    if not getattr(base, "is_quantized", False):
+        base.config.use_cache = True  # as `_export`
+        base.save_pretrained(path, state_dict=weights)
+        return
+    # a quantized model saves its own quantized weights whatever it is given: save these through a
+    # weightless plain model of the same class and config, less the quantization
+    config = copy.deepcopy(base.config)
+    del config.quantization_config
+    config.use_cache = True
+    with torch.device("meta"):
+        plain = type(base)._from_config(config, dtype=_loaded_dtype(base))  # type: ignore[no-untyped-call]
+    plain.generation_config = base.generation_config
+    plain.save_pretrained(path, state_dict=weights)
+
+
+def _plain_weights(base: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The base model's weights under a plain model's names, without the adapters' (a LoRA-wrapped
+    layer's own weight under the layer's name); a quantized layer's dequantized to the dtype the model
+    was loaded in, as ``merged_model`` does."""
+    dequantized = _dequantized_linears(base)
+    weights: dict[str, torch.Tensor] = {}
+    for key, value in base.state_dict().items():
+        layer, _, leaf = key.rpartition(".weight.")
+        if ".lora_" in key or (leaf and layer in dequantized):  # an adapter's; a quantized weight's state
+            continue
+        weights[key] = value
+    for layer, weight in dequantized.items():
+        weights[f"{layer}.weight"] = weight
+    return {key.replace(".base_layer.", "."): value for key, value in weights.items()}
+
+
+def _dequantized_linears(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """Each quantized linear layer's weight (by the layer's name), dequantized to the dtype the model was
+    loaded in: new tensors, the model's own stay quantized (jobs on a shared base still train on them).
+    Empty for a model without quantized layers (``trainers.modeling.quantization``). Only then is
+    bitsandbytes imported: trainers of unquantized jobs run without it (worker/launch.py)."""
+    if not getattr(model, "is_quantized", False):
+        return {}
+    from transformers.integrations.bitsandbytes import dequantize_bnb_weight
+
+    dtype = _loaded_dtype(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.nn.Parameter) and type(weight).__name__ in ("Params4bit", "Int8Params"):
+            state = getattr(module, "state", None)  # an 8-bit layer's scales
+            out[name] = dequantize_bnb_weight(weight, state).to(dtype)
+    return out
+
+
+def _loaded_dtype(model: PreTrainedModel) -> torch.dtype:
+    """The dtype the model was loaded in (its config's; `save_pretrained` leaves it a string there)."""
+    dtype = model.config.dtype
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    assert isinstance(dtype, torch.dtype), dtype
+    return dtype
 
 
 def _export(model: PreTrainedModel, path: Path) -> None:

@@ -7,10 +7,11 @@ random state, schedule, checkpoints and reports, since each runs the ordinary me
 thread of its own (worker/shared_base_host.py starts those threads).
 
 One job at a time. A job's thread holds the model from its start to its end except between optimizer
-steps (``trainers.core.turns``), where it passes the turn to the next waiting job in arrival order and
-then waits for its own. Whoever holds the turn has its adapter active and its own random state in the
-global generators (dropout, sampling), so each job computes what it would alone: the same seed gives the
-same adapter initialisation, batches and losses as a run in a process of its own (tests hold this).
+steps and while its checkpoints upload (``trainers.core.turns``), where it passes the turn to the next
+waiting job in arrival order and then waits for its own. Whoever holds the turn has its adapter active
+and its own random state in the global generators (dropout, sampling), so each job computes what it
+would alone: the same seed gives the same adapter initialisation, batches and losses as a run in a
+process of its own (tests hold this).
 Interleaving whole steps rather than batching the jobs' rows through one forward (multi-LoRA batching)
 keeps each step exactly the solo step; on a CPU the base's products dominate either way.
 
@@ -19,8 +20,8 @@ on the model (``attach``), its checkpoints hold that adapter alone, and its fina
 a copy of the base weights instead of into the base itself (``trainers.core.checkpoint``), which the
 other jobs still train on. The last job to leave frees the base.
 
-Eligible: LoRA on an unquantized causal LM (``shareable``); a method that loads another model (a reward
-model's classifier) loads its own, in its turn.
+Eligible: LoRA on a causal LM, quantized or not (``shareable``); a method that loads another model (a
+reward model's classifier) loads its own, in its turn.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,18 +73,19 @@ class _FairTurn:
 @dataclass(frozen=True)
 class BaseKey:
     """What must be equal for two jobs to train on one copy of the base: the weights, their dtype (from
-    the precision), the kernels installed on the model, and the device."""
+    the precision) and quantization, the kernels installed on the model, and the device."""
 
     model_path: str
     mixed_precision: str
+    quantization: str | None
     gradient_checkpointing: bool
     device: str
 
 
 def shareable(settings: ModelSettings) -> bool:
-    """Whether a job with these settings can train on a shared base: a LoRA adapter on an unquantized
-    base (a quantized one would need its dequantized copy per export; it runs alone)."""
-    return settings.use_lora and settings.quantization is None
+    """Whether a job with these settings can train on a shared base: a LoRA adapter (on a quantized
+    base too: QLoRA jobs share the 4-bit weights, and each export dequantizes a copy)."""
+    return settings.use_lora
 
 
 class SharedBase:
@@ -109,33 +110,28 @@ class SharedBase:
         optimizer steps, and on leaving removes the adapter (or frees the base, if it was the last)."""
         self._turn.acquire()
         _local.seat = (self, name)
-        turns.set_pass_turn(partial(self._pass_turn, name))
+        turns.set_turn(_Seat(self, name))
         try:
             yield
         finally:
-            turns.set_pass_turn(None)
+            turns.set_turn(None)
             _local.seat = None
             try:
                 self._detach(name)
             finally:
                 self._turn.release()
 
-    def _pass_turn(self, name: str) -> None:
-        state = capture_rng_state()
-        self._turn.release()
-        self._turn.acquire()
-        restore_rng_state(state)
-        if self._model is not None and name in self._model.peft_config:
-            self._model.set_adapter(name)
-            self._model.train()  # what the loop expects at a step's start (another job may have evaluated)
-
     def attach(self, name: str, settings: ModelSettings, device: torch.device) -> PeftModel:
         """The shared model with adapter ``name`` added (its weights from ``settings.resume_from`` when
         resuming) and active; the first job loads the base, with the kernels of its settings."""
         if not shareable(settings):
-            raise ValueError("a shared base trains LoRA adapters on an unquantized base only")
+            raise ValueError("a shared base trains LoRA adapters only")
         key = BaseKey(
-            settings.model_path, settings.mixed_precision, settings.gradient_checkpointing, str(device)
+            settings.model_path,
+            settings.mixed_precision,
+            settings.quantization,
+            settings.gradient_checkpointing,
+            str(device),
         )
         if self._model is None:
             model = load_model(settings, device, adapter_name=name)
@@ -166,6 +162,30 @@ class SharedBase:
             with warnings.catch_warnings():  # "Adapter X was active which is now deleted": as meant
                 warnings.simplefilter("ignore", UserWarning)
                 self._model.delete_adapter(name)
+
+
+class _Seat:
+    """One job's hold on the shared base (``trainers.core.turns.Turn``): what it keeps aside while the
+    others use the model, put back when it has the turn again."""
+
+    def __init__(self, base: SharedBase, name: str) -> None:
+        self._base, self._name = base, name
+        self._rng: dict[str, Any] = {}
+        self._training = True
+
+    def leave(self) -> None:
+        self._rng = capture_rng_state()
+        model = self._base._model
+        self._training = model.training if model is not None else True
+        self._base._turn.release()
+
+    def retake(self) -> None:
+        self._base._turn.acquire()
+        restore_rng_state(self._rng)
+        model = self._base._model
+        if model is not None and self._name in model.peft_config:
+            model.set_adapter(self._name)
+            model.train(self._training)  # another job may have evaluated meanwhile
 
 
 def seat_of_this_thread() -> tuple[SharedBase, str] | None:

@@ -4,6 +4,7 @@ computes alone, its files are a lone job's files, and the base is left as it was
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from tests.trainers.helpers import Recorder
 from tests.trainers.methods.test_dpo import separable_rows
 from tests.trainers.methods.test_grpo import HAS_E_SET
 from tests.trainers.methods.test_grpo import ROWS as GRPO_ROWS
+from trainers.core import turns
 from trainers.core.callbacks import TrainResult
 from trainers.families.shared_base import SharedBase
 from trainers.methods.dpo import DPOConfig, train_dpo
@@ -192,3 +194,124 @@ def test_a_shared_base_refuses_a_job_that_needs_its_own(tiny_model_path: Path, t
     config = DPOConfig(model_path=str(tiny_model_path), output_dir=str(tmp_path), use_lora=False)
     with pytest.raises(ValueError, match="LoRA"):
         base.attach("full", config, torch.device("cpu"))
+
+
+def test_a_job_uploading_lets_the_others_step(
+    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """What a job does ``turns.away()`` from the model (a checkpoint's upload) runs while the jobs beside
+    it train; the job then goes on with its own adapter and mode. Without ``away`` the other job could
+    not step until the upload ended: the wait below would time out."""
+    base = SharedBase()
+    other_stepped = threading.Event()
+    during_upload: list[bool] = []
+    errors: list[BaseException] = []
+
+    class Uploading(Recorder):
+        def on_checkpoint(self, ckpt: Any) -> None:
+            super().on_checkpoint(ckpt)
+            if not ckpt.final:
+                return
+            other_stepped.clear()
+            with turns.away():
+                during_upload.append(other_stepped.wait(timeout=30))
+            assert base._model is not None and base._model.active_adapter == "uploader"
+
+    class Stepping(Recorder):
+        def on_step(self, row: dict[str, float]) -> None:
+            super().on_step(row)
+            other_stepped.set()
+
+    def job(name: str, callbacks: Recorder, epochs: int) -> None:
+        config = SFTConfig(
+            model_path=str(tiny_model_path),
+            output_dir=str(tmp_path / name),
+            use_lora=True,
+            n_epochs=epochs,
+            batch_size=4,
+        )
+        try:
+            with base.seat(name):
+                train_sft(config, demo_rows, callbacks=callbacks)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=job, args=("uploader", Uploading(), 1)),
+        threading.Thread(target=job, args=("trainer", Stepping(), 3)),  # still training at the upload
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, errors
+    assert during_upload == [True]
+
+
+def test_qlora_jobs_share_one_quantized_base(
+    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Two QLoRA jobs (an SFT, a DPO whose reference is the quantized base with its adapter disabled) on
+    one 4-bit base: losses as alone, and each download is its adapter merged into the *dequantized*
+    base, as a lone QLoRA job's is (trainers/core/checkpoint.py), the base staying quantized for the
+    other job. Same tolerance as above: the quantized products are deterministic."""
+
+    def make(folder: str) -> dict[str, Callable[[], Run]]:
+        def sft() -> Run:
+            config = SFTConfig(
+                model_path=str(tiny_model_path),
+                output_dir=str(tmp_path / folder / "sft"),
+                use_lora=True,
+                quantization="nf4",
+                n_epochs=1,
+                batch_size=4,
+                learning_rate=1e-2,
+            )
+            runs["sft"] = Recorder()
+            return lambda: train_sft(config, demo_rows, callbacks=runs["sft"])
+
+        def dpo() -> Run:
+            config = DPOConfig(
+                model_path=str(tiny_model_path),
+                output_dir=str(tmp_path / folder / "dpo"),
+                use_lora=True,
+                quantization="nf4",
+                n_epochs=1,
+                batch_size=4,
+                seed=3,
+            )
+            runs["dpo"] = Recorder()
+            return lambda: train_dpo(config, separable_rows(16), callbacks=runs["dpo"])
+
+        return {"sft": sft, "dpo": dpo}
+
+    alone: dict[str, Recorder] = {}
+    for name, job in make("alone").items():
+        job()()
+        alone[name] = runs[name]
+    base = SharedBase()
+    errors: list[BaseException] = []
+
+    def run_on(name: str, job: Run) -> None:
+        try:
+            with base.seat(name):
+                job()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run_on, args=(name, job())) for name, job in make("shared").items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors, errors
+    for name, solo in alone.items():
+        assert len(solo.steps) >= 4
+        assert _losses(runs[name]) == pytest.approx(_losses(solo), rel=REL), name
+        shared, own = _final_weights(runs[name]), _final_weights(solo)
+        assert shared.keys() == own.keys(), name  # plain weights: no quantization state
+        for key, value in own.items():
+            assert shared[key].dtype == value.dtype, (name, key)
+            assert torch.allclose(shared[key], value, rtol=REL, atol=1e-7), (name, key)
+        config = json.loads((runs[name].checkpoints[-1].path / "model" / "config.json").read_text())
+        assert "quantization_config" not in config
