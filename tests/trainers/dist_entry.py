@@ -6,7 +6,9 @@ SPEC (JSON): ``method`` (a registry name), ``config`` (the config's fields), ``r
 (JSONL paths), ``out`` (each rank writes ``{out}.rank{R}.json``: its recorded rows, checkpoints and
 result), ``graders`` (an online method's reward functions, as grader specs), ``strategy`` (``ddp`` or
 ``fsdp``), and optionally ``kill`` = {"rank": R, "after_checkpoint": STEP}: that rank SIGKILLs itself
-once the checkpoint of STEP is on disk, as an OOM kill would.
+once the checkpoint of STEP is on disk, as an OOM kill would. Or ``{"runs": [SPEC, ...]}``: those runs
+one after another in the same ranks and process group. Each launch costs two processes' imports (~6 s
+of a 2-core host's wall time), which tests of many short runs pay once this way.
 """
 
 from __future__ import annotations
@@ -45,6 +47,21 @@ def _kill_after(path: Path) -> None:
 
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    for run in spec.get("runs", [spec]):
+        _run(run)
+    # every rank done before any leaves: gloo's barrier also waits for the collectives still in flight.
+    # Then the process ends without tearing the group down: a rank of an FSDP run aborted in that
+    # teardown ("terminate called without an active exception", exit -6) after its run had ended and
+    # its results were written, twice in CI under load (2026-11-27). The teardown of a real job's
+    # ranks is worker/job_process's, exercised by tests/e2e/test_multi_gpu_jobs.py.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _run(spec: dict[str, Any]) -> None:
+    # the first run joins the group; the next ones only set their strategy
     dist.init_from_env(timeout_seconds=float(spec.get("timeout", 60)), strategy=spec.get("strategy", "ddp"))
     rank = dist.rank()
     method = METHODS[spec["method"]]
@@ -68,15 +85,6 @@ def main(spec_path: str) -> None:
         "steps_done": result.steps,
     }
     Path(f"{spec['out']}.rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
-    # every rank done before any leaves: gloo's barrier also waits for the collectives still in flight.
-    # Then the process ends without tearing the group down: a rank of an FSDP run aborted in that
-    # teardown ("terminate called without an active exception", exit -6) after its run had ended and
-    # its results were written, twice in CI under load (2026-11-27). The teardown of a real job's
-    # ranks is worker/job_process's, exercised by tests/e2e/test_multi_gpu_jobs.py.
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -63,13 +63,30 @@ def launch(
     tmp: Path, *, ranks: int, method: str, config: dict[str, Any], rows: str, **extra: Any
 ) -> tuple[subprocess.CompletedProcess[bytes], list[dict[str, Any]]]:
     """Run the trainer on ``ranks`` gloo processes through torch.distributed.run; each rank's report."""
-    out = tmp / "report"
-    spec = {"method": method, "config": config, "rows": rows, "out": str(out), **extra}
-    (tmp / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    done, reports = launch_together(
+        tmp, ranks=ranks, runs={"run": {"method": method, "config": config, "rows": rows, **extra}}
+    )
+    return done, reports["run"]
+
+
+def launch_together(
+    tmp: Path, *, ranks: int, runs: dict[str, dict[str, Any]]
+) -> tuple[subprocess.CompletedProcess[bytes], dict[str, list[dict[str, Any]]]]:
+    """``launch`` for several runs (each ``launch``'s keywords but ``ranks``, by a name), one after
+    another in one launch: each rank's report of each run by its name. A run that fails ends the
+    launch: its error is in the process's stderr, and the runs after it have no reports."""
+    specs = []
+    for name, run in runs.items():
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        specs.append({**run, "out": str(tmp / name / "report")})
+    (tmp / "spec.json").write_text(json.dumps({"runs": specs}), encoding="utf-8")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     cmd += ["--max-restarts=0", "-m", "tests.trainers.dist_entry", str(tmp / "spec.json")]
-    done = subprocess.run(cmd, capture_output=True, timeout=300)
-    reports = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(tmp.glob("report.rank*.json"))]
+    done = subprocess.run(cmd, capture_output=True, timeout=300 * len(runs))
+    reports = {
+        name: [json.loads(p.read_text(encoding="utf-8")) for p in sorted((tmp / name).glob("report.rank*"))]
+        for name in runs
+    }
     return done, reports
 
 

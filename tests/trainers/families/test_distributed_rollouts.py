@@ -5,6 +5,7 @@ of ``tests/trainers/core/test_distributed.py``)."""
 from __future__ import annotations
 
 import math
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tests.trainers.core.test_distributed import (
     assert_same_curve,
     in_process,
     launch,
+    launch_together,
 )
 
 ONLINE_ROWS = [{"prompt": f"Question {i}:", "value": "yes" if i % 3 else "no"} for i in range(10)]
@@ -50,33 +52,53 @@ def _online_base(tiny_model_path: Path, method: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+STRATEGIES = ["ddp", "fsdp"]
+VALID_ROWS = ONLINE_ROWS[:3]  # sampled and graded once, at the end (FSDP: with the weights whole)
+# Nucleus sampling that keeps the top token alone: greedy decoding, whatever the seed. Then 2 ranks
+# sample one process's completions, and PPO's advantage whitening, taken over the whole step, must make
+# their steps one process's. (GRPO, RLOO and online DPO learn nothing from greedy samples: a prompt's
+# completions are all alike, so their advantages are 0; their step statistics are checked below.)
+GREEDY = {"top_p": 1e-9}
+PPO_KEYS = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
+
+Launched = tuple[subprocess.CompletedProcess[bytes], dict[str, list[dict[str, Any]]]]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    """The 2-rank runs of the two tests below, every method and strategy, in one launch
+    (``launch_together``)."""
+    tmp = tmp_path_factory.mktemp("two-rank-rollouts")
+    rows = _write_rows(tmp / "prompts.jsonl", ONLINE_ROWS)
+    valid = _write_rows(tmp / "valid.jsonl", VALID_ROWS)
+    runs: dict[str, dict[str, Any]] = {}
+    for strategy in STRATEGIES:
+        common = {"rows": rows, "graders": ONLINE_GRADERS, "strategy": strategy}
+        for method in sorted(ONLINE_RUNS):
+            name = f"{method}-{strategy}"
+            config = {**_online_base(tiny_model_path, method), "gradient_accumulation_steps": 1}
+            config["output_dir"] = str(tmp / name / "out")
+            runs[name] = {"method": method, "config": config, "valid_rows": valid, **common}
+        name = f"greedy-ppo-{strategy}"
+        config = {**_online_base(tiny_model_path, "ppo"), **GREEDY, "gradient_accumulation_steps": 1}
+        runs[name] = {"method": "ppo", "config": {**config, "output_dir": str(tmp / name / "out")}, **common}
+    return launch_together(tmp, ranks=2, runs=runs)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("method", sorted(ONLINE_RUNS))
 def test_two_rank_online_methods_cover_the_one_process_steps(
-    method: str, strategy: str, tiny_model_path: Path, tmp_path: Path
+    method: str, strategy: str, tiny_model_path: Path, tmp_path: Path, two_rank_runs: Launched
 ) -> None:
     """Each rank samples and trains its share of a step's prompts; the step's metrics are over both
     ranks' completions. Sampling differs from one process's (each rank draws its own), so the loss is
     not compared: the prompt-only reward's mean shows that a step covers the same prompts."""
     base = _online_base(tiny_model_path, method)
     one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
-    valid_rows = ONLINE_ROWS[:3]  # sampled and graded once, at the end (FSDP: with the weights whole)
-    reference = in_process(method, one, ONLINE_ROWS, valid_rows, ONLINE_GRADERS)
-    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
-    valid = _write_rows(tmp_path / "valid.jsonl", valid_rows)
-    config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
-    done, reports = launch(
-        tmp_path,
-        ranks=2,
-        method=method,
-        config=config,
-        rows=rows,
-        valid_rows=valid,
-        graders=ONLINE_GRADERS,
-        strategy=strategy,
-    )
+    reference = in_process(method, one, ONLINE_ROWS, VALID_ROWS, ONLINE_GRADERS)
+    done, reports = two_rank_runs
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    main, other = reports
+    main, other = reports[f"{method}-{strategy}"]
     assert len(main["steps"]) == len(reference.steps) == 3
     assert set(main["steps"][0]) == set(reference.steps[0])
     # steps 1 and 2 hold the same 4 prompts on 2 ranks as in one process
@@ -92,32 +114,26 @@ def test_two_rank_online_methods_cover_the_one_process_steps(
     assert main["checkpoints"] == [[3, True]]
 
 
-# Nucleus sampling that keeps the top token alone: greedy decoding, whatever the seed. Then 2 ranks
-# sample one process's completions, and PPO's advantage whitening, taken over the whole step, must make
-# their steps one process's. (GRPO, RLOO and online DPO learn nothing from greedy samples: a prompt's
-# completions are all alike, so their advantages are 0; their step statistics are checked above.)
-GREEDY_KEYS = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_rank_greedy_ppo_steps_equal_one_process(
-    strategy: str, tiny_model_path: Path, tmp_path: Path
+    strategy: str, tiny_model_path: Path, tmp_path: Path, two_rank_runs: Launched
 ) -> None:
-    base = {**_online_base(tiny_model_path, "ppo"), "top_p": 1e-9}
+    base = {**_online_base(tiny_model_path, "ppo"), **GREEDY}
     one = {**base, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "one")}
     reference = in_process("ppo", one, ONLINE_ROWS, None, ONLINE_GRADERS)
     assert all(row["grad_norm"] > 0 for row in reference.steps[:2])  # it learns from these samples
-    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
-    config = {**base, "gradient_accumulation_steps": 1, "output_dir": str(tmp_path / "two")}
-    run = {"method": "ppo", "rows": rows, "graders": ONLINE_GRADERS, "strategy": strategy}
-    done, reports = launch(tmp_path, ranks=2, config=config, **run)
+    done, reports = two_rank_runs
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     # steps 1 and 2 cover the same prompts on both sides (the last step does not, see above)
     # PPO's policy loss here is a mean of whitened advantages (zero-sum) times ratios within ~1e-6 of 1:
     # what is left is float32 rounding (~1e-6, 7.4e-7 against 9.3e-7), which any change in the order of
     # a sum moves; the other keys carry the comparison
     assert_same_curve(
-        reports[0]["steps"][:2], reference.steps[:2], GREEDY_KEYS, TOLERANCE[strategy], abs_tol=2e-6
+        reports[f"greedy-ppo-{strategy}"][0]["steps"][:2],
+        reference.steps[:2],
+        PPO_KEYS,
+        TOLERANCE[strategy],
+        abs_tol=2e-6,
     )
 
 
@@ -151,5 +167,4 @@ def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(
     again = {**base, "output_dir": str(resumed_dir / "out"), "resume_from": str(ckpt)}
     done, reports = launch(resumed_dir, ranks=2, config=again, **run)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    keys = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
-    assert_same_curve(reports[0]["steps"], uninterrupted[3:], keys)
+    assert_same_curve(reports[0]["steps"], uninterrupted[3:], PPO_KEYS)
