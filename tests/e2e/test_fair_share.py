@@ -16,7 +16,9 @@ import httpx
 from tests.conftest import Stack, new_key
 from tests.helpers import TERMINAL, chat_rows, upload_ok, wait_for
 
-LONG = {"n_epochs": 100, "batch_size": 1}  # far more steps than the test waits for
+# far more steps than the test waits for; every weight trained, so that each job holds the worker alone
+# (LoRA jobs on one base would join one trainer process: worker/shared_runs.py)
+LONG = {"n_epochs": 100, "batch_size": 1, "lora": False}
 
 
 def _submit(client: httpx.Client, train: str) -> dict[str, Any]:
