@@ -74,6 +74,15 @@ def _submit(http: httpx.Client, *, seed: int, lr: float, epochs: int, rows: int 
     return str(created.json()["id"])
 
 
+def _wait_until_in_one_process(jobs: list[str]) -> None:
+    """Until every job runs, all in one trainer process at once."""
+    deadline = time.monotonic() + 120
+    while any(trainer_pid(j) is None for j in jobs):
+        assert time.monotonic() < deadline, "the jobs never ran together"
+        time.sleep(0.05)
+    assert len({trainer_pid(j) for j in jobs}) == 1
+
+
 def _events(http: httpx.Client, job_id: str) -> list[dict[str, Any]]:
     return all_pages(http, f"/v1/fine_tuning/jobs/{job_id}/events")
 
@@ -89,12 +98,7 @@ def test_lora_jobs_share_one_process_and_train_as_alone(tenants: Callable[[], ht
         _submit(http, seed=seed, lr=lr, epochs=6)
         for http, (seed, lr) in zip(clients, [(1, 1e-3), (2, 3e-3), (3, 5e-4)], strict=False)
     ]
-    # all three in one trainer process at once
-    deadline = time.monotonic() + 120
-    while any(trainer_pid(j) is None for j in jobs):
-        assert time.monotonic() < deadline, "the jobs never ran together"
-        time.sleep(0.05)
-    assert len({trainer_pid(j) for j in jobs}) == 1
+    _wait_until_in_one_process(jobs)
     finished = [wait_for(http, j, timeout=300) for http, j in zip(clients, jobs, strict=False)]
     assert all(job["status"] == "succeeded" for job in finished), finished
     for http, job_id in zip(clients, jobs, strict=False):
@@ -123,11 +127,7 @@ def test_qlora_jobs_share_one_4bit_base(tenants: Callable[[], httpx.Client]) -> 
     jobs = [
         _submit(http, seed=i, lr=1e-3, epochs=3, rows=8, quantization="nf4") for i, http in enumerate(clients)
     ]
-    deadline = time.monotonic() + 120
-    while any(trainer_pid(j) is None for j in jobs):
-        assert time.monotonic() < deadline, "the jobs never ran together"
-        time.sleep(0.05)
-    assert len({trainer_pid(j) for j in jobs}) == 1
+    _wait_until_in_one_process(jobs)
     finished = [wait_for(http, j, timeout=300) for http, j in zip(clients, jobs, strict=True)]
     assert all(job["status"] == "succeeded" for job in finished), finished
     for http, job in zip(clients, finished, strict=True):

@@ -102,14 +102,8 @@ def _final_weights(recorder: Recorder) -> dict[str, torch.Tensor]:
     return load_file(final.path / "model" / "model.safetensors")
 
 
-def test_jobs_on_a_shared_base_train_as_they_do_alone(
-    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
-) -> None:
-    alone: dict[str, Recorder] = {}
-    for name, make in _jobs(tiny_model_path, tmp_path / "alone", demo_rows).items():
-        make()()
-        alone[name] = runs[name]
-
+def _run_together(jobs: dict[str, Run]) -> SharedBase:
+    """Each job in a thread of its own, seated on one shared base; fails with any job's error."""
     base = SharedBase()
     errors: list[BaseException] = []
 
@@ -120,15 +114,25 @@ def test_jobs_on_a_shared_base_train_as_they_do_alone(
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [
-        threading.Thread(target=run_on, args=(name, make()))
-        for name, make in _jobs(tiny_model_path, tmp_path / "shared", demo_rows).items()
-    ]
+    threads = [threading.Thread(target=run_on, args=(name, job)) for name, job in jobs.items()]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=600)
     assert not errors, errors
+    return base
+
+
+def test_jobs_on_a_shared_base_train_as_they_do_alone(
+    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    alone: dict[str, Recorder] = {}
+    for name, make in _jobs(tiny_model_path, tmp_path / "alone", demo_rows).items():
+        make()()
+        alone[name] = runs[name]
+
+    shared = _jobs(tiny_model_path, tmp_path / "shared", demo_rows)
+    base = _run_together({name: make() for name, make in shared.items()})
     for name, solo in alone.items():
         assert len(solo.steps) >= 4
         assert _losses(runs[name]) == pytest.approx(_losses(solo), rel=REL), name
@@ -289,22 +293,7 @@ def test_qlora_jobs_share_one_quantized_base(
     for name, job in make("alone").items():
         job()()
         alone[name] = runs[name]
-    base = SharedBase()
-    errors: list[BaseException] = []
-
-    def run_on(name: str, job: Run) -> None:
-        try:
-            with base.seat(name):
-                job()
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run_on, args=(name, job())) for name, job in make("shared").items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
-    assert not errors, errors
+    _run_together({name: job() for name, job in make("shared").items()})
     for name, solo in alone.items():
         assert len(solo.steps) >= 4
         assert _losses(runs[name]) == pytest.approx(_losses(solo), rel=REL), name
