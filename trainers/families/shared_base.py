@@ -13,7 +13,9 @@ and its own random state in the global generators (dropout, sampling), so each j
 would alone: the same seed gives the same adapter initialisation, batches and losses as a run in a
 process of its own (tests hold this).
 Interleaving whole steps rather than batching the jobs' rows through one forward (multi-LoRA batching)
-keeps each step exactly the solo step; on a CPU the base's products dominate either way.
+keeps each step exactly the solo step, and on a CPU batching is no quicker: one pass over four jobs'
+rows through one adapter, a lower bound of a batch's cost, took 0.87-1.07x the four passes in turn
+(bench/multi_lora_batching.py, docs/benchmarks.md). Whether it pays on a GPU that bench decides.
 
 What differs from a job alone is only where the trainable weights live: its adapter is one of several
 on the model (``attach``), its checkpoints hold that adapter alone, and its final export merges it into
