@@ -14,9 +14,9 @@ one epoch, seed = its index. Figures:
 The issue's targets (wall <= 0.6x of one after another, memory <= 0.4x of four separate trainers) are
 printed beside the figures; memory is asserted. Wall is not: the jobs take turns step by step, so their
 compute adds up as one after another; what sharing saves is each job's process start and model load
-(mostly hidden by the spare trainer already) and the base's memory. On a CPU that compute is the wall
-time. Beating it would take one forward of the base over all the jobs' rows (multi-LoRA batching),
-which this process does not do.
+(mostly hidden by the spare trainer already), its I/O (beside the others' steps) and the base's memory.
+On a CPU that compute is the wall time; one forward of the base over all the jobs' rows (multi-LoRA
+batching) is no quicker there (bench/multi_lora_batching.py).
 """
 
 from __future__ import annotations
