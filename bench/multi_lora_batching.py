@@ -24,7 +24,6 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +33,8 @@ from peft import PeftModel
 from trainers.core.precision import autocast_dtype, computing_in
 from trainers.kernels.install import install_kernels
 from trainers.losses.causal_lm import linear_cross_entropy
+from trainers.methods.sft import SFTConfig
 from trainers.modeling.loading import decoder_and_head, load_model, lora_config
-
-
-@dataclass
-class _Settings:
-    """A LoRA job's model settings (``trainers.modeling.loading.ModelSettings``)."""
-
-    model_path: str
-    mixed_precision: str
-    use_lora: bool = True
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] | None = None
-    quantization: str | None = None
-    gradient_checkpointing: bool = False
-    resume_from: str | None = None
 
 
 def measure(
@@ -64,7 +48,8 @@ def measure(
     repeats: int = 3,
 ) -> dict[str, Any]:
     """Seconds of one round of interleaved and of batched passes (medians), and their ratio."""
-    settings = _Settings(str(model_path), precision)
+    # a LoRA SFT job's model settings (r 8 on every linear layer, no dropout: the trainer's defaults)
+    settings = SFTConfig(str(model_path), output_dir="", use_lora=True, mixed_precision=precision)
     model = load_model(settings, device, adapter_name="job0")
     assert isinstance(model, PeftModel)
     for index in range(1, jobs):
@@ -106,7 +91,7 @@ def measure(
         return time.perf_counter() - started
 
     timed(interleaved), timed(batched)  # warm-up: allocator, kernels' first calls
-    seconds = {"interleaved": [], "batched": []}  # type: dict[str, list[float]]
+    seconds: dict[str, list[float]] = {"interleaved": [], "batched": []}
     for _ in range(repeats):  # alternated, so a slower moment of the host hits both
         seconds["interleaved"].append(timed(interleaved))
         seconds["batched"].append(timed(batched))

@@ -35,29 +35,33 @@ REL = 1e-6
 Run = Callable[[], TrainResult]
 
 
+def _sft(tiny: Path, out: Path, rows: list[dict[str, Any]], name: str, **hp: Any) -> Callable[[], Run]:
+    """A LoRA SFT job of one epoch whose recorder is ``runs[name]`` once made."""
+
+    def make() -> Run:
+        config = SFTConfig(model_path=str(tiny), output_dir=str(out / name), use_lora=True, n_epochs=1, **hp)
+        recorder = Recorder()
+        runs[name] = recorder
+        return lambda: train_sft(config, rows, callbacks=recorder)
+
+    return make
+
+
+def _dpo(tiny: Path, out: Path, name: str, **hp: Any) -> Callable[[], Run]:
+    """A LoRA DPO job of one epoch on separable pairs, batches of 4, recorded as ``runs[name]``."""
+
+    def make() -> Run:
+        config = DPOConfig(
+            model_path=str(tiny), output_dir=str(out / name), use_lora=True, n_epochs=1, batch_size=4, **hp
+        )
+        recorder = Recorder()
+        runs[name] = recorder
+        return lambda: train_dpo(config, separable_rows(16), callbacks=recorder)
+
+    return make
+
+
 def _jobs(tiny: Path, tmp: Path, rows: list[dict[str, Any]]) -> dict[str, Callable[[], Run]]:
-    def sft(name: str, **hp: Any) -> Callable[[], Run]:
-        def make() -> Run:
-            config = SFTConfig(
-                model_path=str(tiny), output_dir=str(tmp / name), use_lora=True, n_epochs=1, **hp
-            )
-            recorder = Recorder()
-            runs[name] = recorder
-            return lambda: train_sft(config, rows, callbacks=recorder)
-
-        return make
-
-    def dpo(name: str) -> Callable[[], Run]:
-        def make() -> Run:
-            config = DPOConfig(
-                model_path=str(tiny), output_dir=str(tmp / name), use_lora=True, n_epochs=1, batch_size=4
-            )
-            recorder = Recorder()
-            runs[name] = recorder
-            return lambda: train_dpo(config, separable_rows(16), callbacks=recorder)
-
-        return make
-
     def grpo(name: str) -> Callable[[], Run]:
         def make() -> Run:
             config = GRPOConfig(
@@ -81,9 +85,9 @@ def _jobs(tiny: Path, tmp: Path, rows: list[dict[str, Any]]) -> dict[str, Callab
     runs.clear()
     return {
         # dropout draws from the global generator: each job must draw from its own
-        "sft-a": sft("sft-a", seed=1, learning_rate=1e-3, batch_size=4, lora_dropout=0.1),
-        "sft-b": sft("sft-b", seed=2, learning_rate=5e-3, batch_size=8, lora_r=4),
-        "dpo": dpo("dpo"),
+        "sft-a": _sft(tiny, tmp, rows, "sft-a", seed=1, learning_rate=1e-3, batch_size=4, lora_dropout=0.1),
+        "sft-b": _sft(tiny, tmp, rows, "sft-b", seed=2, learning_rate=5e-3, batch_size=8, lora_r=4),
+        "dpo": _dpo(tiny, tmp, "dpo"),
         # sampling draws from the global generator too, and samples through merged adapter weights
         "grpo": grpo("grpo"),
     }
@@ -261,33 +265,13 @@ def test_qlora_jobs_share_one_quantized_base(
     other job. Same tolerance as above: the quantized products are deterministic."""
 
     def make(folder: str) -> dict[str, Callable[[], Run]]:
-        def sft() -> Run:
-            config = SFTConfig(
-                model_path=str(tiny_model_path),
-                output_dir=str(tmp_path / folder / "sft"),
-                use_lora=True,
-                quantization="nf4",
-                n_epochs=1,
-                batch_size=4,
-                learning_rate=1e-2,
-            )
-            runs["sft"] = Recorder()
-            return lambda: train_sft(config, demo_rows, callbacks=runs["sft"])
-
-        def dpo() -> Run:
-            config = DPOConfig(
-                model_path=str(tiny_model_path),
-                output_dir=str(tmp_path / folder / "dpo"),
-                use_lora=True,
-                quantization="nf4",
-                n_epochs=1,
-                batch_size=4,
-                seed=3,
-            )
-            runs["dpo"] = Recorder()
-            return lambda: train_dpo(config, separable_rows(16), callbacks=runs["dpo"])
-
-        return {"sft": sft, "dpo": dpo}
+        out = tmp_path / folder
+        return {
+            "sft": _sft(
+                tiny_model_path, out, demo_rows, "sft", quantization="nf4", batch_size=4, learning_rate=1e-2
+            ),
+            "dpo": _dpo(tiny_model_path, out, "dpo", quantization="nf4", seed=3),
+        }
 
     alone: dict[str, Recorder] = {}
     for name, job in make("alone").items():
