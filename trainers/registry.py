@@ -219,9 +219,6 @@ class Method:
     constraints: tuple[Constraint, ...] = SHARED_CONSTRAINTS
     # valid_* keys beyond valid_loss (every loss metric, prefixed); grader methods: RL_EVAL_METRICS, no loss
     eval_metrics: tuple[str, ...] = ()
-    # its LoRA jobs can train on a base model shared with other jobs (trainers/families/shared_base.py):
-    # it trains the causal LM it loads; a reward model trains a classifier built on it instead
-    shares_base: bool = True
     # None: the method has no reference policy (SFT, reward model, ORPO, CPO, SimPO)
     reference: ReferenceUse | None = None
 
@@ -538,7 +535,6 @@ REWARD_MODEL = Method(
     trainer="trainers.methods.reward_model:train_reward_model",
     config="trainers.methods.reward_model:RewardModelConfig",
     metrics=("accuracy", "rewards/chosen", "rewards/rejected", "rewards/margins"),
-    shares_base=False,
     eval_metrics=(
         "valid_accuracy",
         "valid_rewards/chosen",

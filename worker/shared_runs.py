@@ -1,7 +1,7 @@
 """A worker's LoRA jobs on one base model, trained together in one process that holds the base once.
 
 When the job a worker claims can share its base (``share_key``: a LoRA adapter, quantized base or not,
-one rank, a method that trains the model it loads) and `settings.shared_base_jobs` > 1, the worker
+one rank, any method) and `settings.shared_base_jobs` > 1, the worker
 starts a shared-base trainer (worker/shared_base_host.py) for it instead of a lone trainer, and while
 that runs it keeps claiming: whenever the fairest job that may start has the same key and the process
 has room, that job joins it without restarting the others. A fairer job with another key is not passed
@@ -31,7 +31,6 @@ from service.db import session_scope
 from service.jobs import lifecycle, repository
 from service.jobs.resources import job_resources
 from service.jobs.spec import load_method, quantization_of
-from trainers.registry import get_method
 from worker.launch import kill_trainer, shared_base_command, start_trainer, worker_queues
 from worker.recovery import describe_exit, release_and_status, renew_lease, run_ended_without_outcome
 from worker.spare_trainer import SpareTrainer
@@ -55,8 +54,7 @@ class ShareKey:
 
 
 def share_key(job_id: str) -> ShareKey | None:
-    """This job's ``ShareKey``, or None if it trains alone (full weights, several ranks, a method whose
-    model is not the causal LM it loads)."""
+    """This job's ``ShareKey``, or None if it trains alone (full weights, several ranks)."""
     with session_scope() as session:
         job = repository.job(session, job_id)
         if job is None:
@@ -64,7 +62,7 @@ def share_key(job_id: str) -> ShareKey | None:
         model, stored_method, resources = job.model, job.method, job.resources
     method = load_method(stored_method)
     need = job_resources(resources)
-    if need.ranks > 1 or need.multi_node or not get_method(method.type).shares_base:
+    if need.ranks > 1 or need.multi_node:
         return None
     hp = getattr(getattr(method, method.type), "hyperparameters", None)
     if hp is None or not getattr(hp, "lora", False):

@@ -160,6 +160,10 @@ def test_reward_model_job_exports_a_classifier(stack_client: httpx.Client, tmp_p
         },
     )
     assert "accuracy" in metrics[-1] and metrics[-1]["loss"] < metrics[0]["loss"]
+    # a LoRA reward model trains on a shared base like any LoRA job (its classifier on the causal LM,
+    # trainers/modeling/adapter_classifier.py), and its download is a plain classifier all the same
+    events = [e["message"] for e in all_pages(stack_client, f"/v1/fine_tuning/jobs/{job['id']}/events")]
+    assert any("sharing one copy of its base model" in m for m in events), events
     # a reward model is not a base for further training
     assert job["fine_tuned_model"] not in [m["id"] for m in stack_client.get("/v1/models").json()["data"]]
 

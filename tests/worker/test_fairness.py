@@ -188,14 +188,15 @@ def _method(kind: str = "supervised", **hp: Any) -> dict[str, Any]:
 
 
 def test_which_jobs_share_a_base() -> None:
-    """LoRA jobs on one model with the same precision, quantization and kernels share; a full
-    fine-tune, a reward model (a classifier of its own) or a multi-rank job trains alone."""
+    """LoRA jobs on one model with the same precision, quantization and kernels share, whatever their
+    method (a reward model's classifier too); a full fine-tune or a multi-rank job trains alone."""
     from worker.shared_runs import share_key
 
     a = _tenant()
     key = share_key(_job(a, method=_method()))
     assert key is not None
-    assert share_key(_job(a, method=_method("dpo"))) == key  # any method that trains the causal LM
+    assert share_key(_job(a, method=_method("dpo"))) == key  # any method
+    assert share_key(_job(a, method=_method("reward_model"))) == key  # its classifier on the causal LM
     assert share_key(_job(_tenant(), method=_method())) == key  # any tenant
     assert share_key(_job(a, method=_method(mixed_precision="bf16"))) not in (None, key)
     assert share_key(_job(a, method=_method(gradient_checkpointing=True))) not in (None, key)
@@ -205,7 +206,6 @@ def test_which_jobs_share_a_base() -> None:
     assert nf4 is not None and nf4 != key and nf4.quantization == "nf4"  # QLoRA jobs share a 4-bit base
     assert share_key(_job(_tenant(), method=_method("dpo", quantization="nf4"))) == nf4
     assert share_key(_job(a, method=_method(quantization="int8"))) not in (None, key, nf4)
-    assert share_key(_job(a, method=_method("reward_model"))) is None
     assert share_key(_job(a, method=_method(), resources={"gpus": 2})) is None
 
 

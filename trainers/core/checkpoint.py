@@ -31,13 +31,13 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import PeftConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
-from safetensors.torch import save_file
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from safetensors.torch import load_file, save_file
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from trainers.core.callbacks import CheckpointInfo
 from trainers.core.rng import capture_rng_state, restore_rng_state
@@ -46,6 +46,7 @@ FORMAT_VERSION = 1
 MODEL_DIR, STATE_DIR = "model", "state"
 TASK_STATE = "task.pt"
 MANIFEST = "manifest.json"
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's name for a LoRA checkpoint's weights
 _CHECKPOINT_GLOB = "checkpoint-*"
 
 
@@ -226,16 +227,27 @@ def _load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+@runtime_checkable
+class SavesItself(Protocol):
+    """A trained module that writes its own ``model/`` folder: one whose trainable weights are not a
+    transformers or peft model's alone (a reward model's head beside a shared base's adapter,
+    ``trainers.modeling.adapter_classifier``). It writes what the lone model would."""
+
+    def save_trained(self, path: Path, *, final: bool) -> None: ...
+
+
 def _save_model(
     model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path, *, final: bool
 ) -> None:
-    if isinstance(model, PeftModel) and model.active_adapter != "default":
+    if isinstance(model, SavesItself):
+        model.save_trained(path, final=final)
+    elif isinstance(model, PeftModel) and model.active_adapter != "default":
         # one of several jobs' adapters on a shared base (trainers/families/shared_base.py): this one's
         # alone, in the same files as a job's own; the export merges into a copy of the base weights
         if final:
             _export_merged_copy(model, path)
         else:
-            _save_active_adapter(model, path)
+            save_active_adapter(model, path)
     elif isinstance(model, PeftModel):
         if final:
             _export(merged_model(model), path)
@@ -286,21 +298,34 @@ def merged_model(model: PeftModel) -> PreTrainedModel:
     return merged
 
 
-def _save_active_adapter(model: PeftModel, path: Path) -> None:
+def save_active_adapter(
+    model: PeftModel,
+    path: Path,
+    *,
+    config: PeftConfig | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> None:
     """The active adapter as ``save_pretrained`` writes a lone "default" one (``adapter_config.json`` and
-    ``adapter_model.safetensors`` in ``path``, not in a folder named after the adapter)."""
+    ``adapter_model.safetensors`` in ``path``, not in a folder named after the adapter); ``config`` in
+    place of the adapter's own, ``extra`` tensors beside its weights."""
     name = model.active_adapter
     path.mkdir(parents=True, exist_ok=True)
-    model.peft_config[name].save_pretrained(str(path))
-    weights = get_peft_model_state_dict(model, adapter_name=name)
-    save_file({k: v.detach().contiguous() for k, v in weights.items()}, path / "adapter_model.safetensors")
+    (config or model.peft_config[name]).save_pretrained(str(path))
+    weights = {**get_peft_model_state_dict(model, adapter_name=name), **(extra or {})}
+    save_file({k: v.detach().contiguous() for k, v in weights.items()}, path / ADAPTER_FILE)
+
+
+def load_adapter_file(model_folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a LoRA checkpoint's ``model/`` folder (the adapter's, and a trained head's)."""
+    return load_file(model_folder / ADAPTER_FILE)
 
 
 @torch.no_grad()
-def _export_merged_copy(model: PeftModel, path: Path) -> None:
-    """Export the base with the active adapter merged, as ``merged_model`` does, but into new tensors:
-    the base's own stay as they are (other jobs train on them). Costs one copy of the adapted layers'
-    weights while it writes (of every quantized layer's, dequantized, for a quantized base)."""
+def merged_copy_weights(model: PeftModel) -> dict[str, torch.Tensor]:
+    """The base's weights under a plain model's names with the active adapter merged, as ``merged_model``
+    computes them, but in new tensors: the base's own stay as they are (other jobs train on them). Costs
+    one copy of the adapted layers' weights (of every quantized layer's, dequantized, for a quantized
+    base)."""
     name = model.active_adapter
     base = model.get_base_model()
     assert isinstance(base, PreTrainedModel)
@@ -310,19 +335,50 @@ def _export_merged_copy(model: PeftModel, path: Path) -> None:
             key = f"{module_name}.weight"
             delta = module.get_delta_weight(name)  # type: ignore[attr-defined]  # (every LoRA layer kind)
             weights[key] = weights[key] + delta.to(weights[key].dtype)
+    return weights
+
+
+def save_as_plain(
+    build: Callable[..., PreTrainedModel],
+    config: PretrainedConfig,
+    weights: dict[str, torch.Tensor],
+    path: Path,
+    *,
+    dtype: torch.dtype,
+    generation_config: GenerationConfig | None = None,
+) -> None:
+    """Save ``weights`` as the model ``build(config, dtype=dtype)`` gives, less any quantization, for
+    inference (with ``generation_config``, where given). Written through a weightless copy of that
+    model (on the meta device): a quantized model saves its own quantized weights whatever it is given,
+    and a classifier is another class than the causal LM its weights come from."""
+    config = copy.deepcopy(config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.use_cache = True  # as `_export`
+    with torch.device("meta"):
+        plain = build(config, dtype=dtype)
+    if generation_config is not None:
+        plain.generation_config = generation_config
+    plain.save_pretrained(path, state_dict=weights)
+
+
+def _export_merged_copy(model: PeftModel, path: Path) -> None:
+    """Export the base with the active adapter merged into copies of its weights (``merged_copy_weights``)."""
+    base = model.get_base_model()
+    assert isinstance(base, PreTrainedModel)
+    weights = merged_copy_weights(model)
     if not getattr(base, "is_quantized", False):
         base.config.use_cache = True  # as `_export`
         base.save_pretrained(path, state_dict=weights)
         return
-    # a quantized model saves its own quantized weights whatever it is given: save these through a
-    # weightless plain model of the same class and config, less the quantization
-    config = copy.deepcopy(base.config)
-    del config.quantization_config
-    config.use_cache = True
-    with torch.device("meta"):
-        plain = type(base)._from_config(config, dtype=_loaded_dtype(base))  # type: ignore[no-untyped-call]
-    plain.generation_config = base.generation_config
-    plain.save_pretrained(path, state_dict=weights)
+    save_as_plain(
+        type(base)._from_config,
+        base.config,
+        weights,
+        path,
+        dtype=loaded_dtype(base),
+        generation_config=base.generation_config,
+    )
 
 
 def _plain_weights(base: PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -350,7 +406,7 @@ def _dequantized_linears(model: PreTrainedModel) -> dict[str, torch.Tensor]:
         return {}
     from transformers.integrations.bitsandbytes import dequantize_bnb_weight
 
-    dtype = _loaded_dtype(model)
+    dtype = loaded_dtype(model)
     out: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
@@ -360,7 +416,7 @@ def _dequantized_linears(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     return out
 
 
-def _loaded_dtype(model: PreTrainedModel) -> torch.dtype:
+def loaded_dtype(model: PreTrainedModel) -> torch.dtype:
     """The dtype the model was loaded in (its config's; `save_pretrained` leaves it a string there)."""
     dtype = model.config.dtype
     if isinstance(dtype, str):

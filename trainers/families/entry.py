@@ -91,5 +91,9 @@ def load_classifier_to_train(
     settings: ModelSettings, device: torch.device, *, pad_token_id: int
 ) -> torch.nn.Module:
     """``load_model_to_train`` for a sequence classifier (a reward model)."""
+    seat = seat_of_this_thread()
+    if seat is not None and shareable(settings):
+        base, name = seat
+        return base.attach_classifier(name, settings, device, pad_token_id=pad_token_id)
     model = load_sequence_classifier(settings, device, pad_token_id=pad_token_id)
     return install_kernels(model, settings, device)

@@ -22,8 +22,10 @@ on the model (``attach``), its checkpoints hold that adapter alone, and its fina
 a copy of the base weights instead of into the base itself (``trainers.core.checkpoint``), which the
 other jobs still train on. The last job to leave frees the base.
 
-Eligible: LoRA on a causal LM, quantized or not (``shareable``); a method that loads another model (a
-reward model's classifier) loads its own, in its turn.
+Eligible: every LoRA job, quantized or not (``shareable``). A reward model trains a classifier, which on
+a shared base is the causal LM's decoder under the job's adapter and a head the job holds itself
+(``attach_classifier``); a model a method only reads (a reward model scoring rollouts) it loads its
+own, in its turn.
 """
 
 from __future__ import annotations
@@ -44,7 +46,14 @@ from trainers.core import turns
 from trainers.core.checkpoint import MODEL_DIR
 from trainers.core.rng import capture_rng_state, restore_rng_state
 from trainers.kernels.install import install_kernels
-from trainers.modeling.loading import ModelSettings, load_model, lora_config, restore_adapter
+from trainers.modeling.adapter_classifier import AdapterClassifier, untrained_head
+from trainers.modeling.loading import (
+    ModelSettings,
+    load_model,
+    lora_base_dtype,
+    lora_config,
+    restore_adapter,
+)
 
 _local = threading.local()
 
@@ -150,6 +159,19 @@ class SharedBase:
         with self._lock:
             self._names.append(name)
         return self._model
+
+    def attach_classifier(
+        self, name: str, settings: ModelSettings, device: torch.device, *, pad_token_id: int
+    ) -> AdapterClassifier:
+        """A reward model on the shared base: ``attach``'s adapter under a scalar head of the job's own
+        (``trainers.modeling.adapter_classifier``), the head restored from ``settings.resume_from`` when
+        resuming."""
+        # drawn first, as a lone reward model draws its head while loading, before its adapter
+        head = untrained_head(settings.model_path, lora_base_dtype(settings, device), device)
+        classifier = AdapterClassifier(self.attach(name, settings, device), name, head, pad_token_id)
+        if settings.resume_from:
+            classifier.restore_head(Path(settings.resume_from) / MODEL_DIR)
+        return classifier
 
     def _detach(self, name: str) -> None:
         with self._lock:

@@ -28,12 +28,9 @@ from trainers.core.loop import LossSums
 from trainers.data.preference import (
     PreferenceBatch,
 )
-from trainers.families.entry import Rows
+from trainers.families.entry import Rows, load_classifier_to_train
 from trainers.families.pairs import PairConfig, train_on_pairs
-from trainers.modeling.loading import (
-    load_sequence_classifier,
-    reward_scores,
-)
+from trainers.modeling.loading import reward_scores
 
 if TYPE_CHECKING:
     from trainers.rewards.reward_set import RewardSet
@@ -100,4 +97,4 @@ def train_reward_model(
 
 
 def _classifier(config: PairConfig, device: torch.device, pad_token_id: int) -> torch.nn.Module:
-    return load_sequence_classifier(config, device, pad_token_id=pad_token_id)
+    return load_classifier_to_train(config, device, pad_token_id=pad_token_id)

@@ -16,7 +16,6 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
-from safetensors.torch import load_file
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -26,12 +25,13 @@ from transformers import (
 )
 from transformers.modeling_layers import GenericForSequenceClassification
 
-from trainers.core.checkpoint import MODEL_DIR
+from trainers.core.checkpoint import MODEL_DIR, load_adapter_file
 from trainers.core.distributed import local_device
 from trainers.core.precision import autocast_dtype
 from trainers.core.sharding import is_sharded
 from trainers.data.packing import PackedLayout, PairPacking
 from trainers.losses.causal_lm import linear_token_nll
+from trainers.modeling.adapter_classifier import HEAD_KEY, AdapterClassifier
 from trainers.modeling.quantization import bnb_config
 
 
@@ -65,10 +65,9 @@ def load_model(
 ) -> torch.nn.Module:
     """Base model (+ LoRA adapter ``adapter_name``), with trainable weights restored from
     ``settings.resume_from``."""
-    compute = autocast_dtype(settings.mixed_precision, device)
     resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
     if settings.use_lora:
-        base_dtype = torch.bfloat16 if compute == torch.bfloat16 else torch.float32
+        base_dtype = lora_base_dtype(settings, device)
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
             settings.model_path, dtype=base_dtype, **_quantized(settings, base_dtype, device)
         )
@@ -81,6 +80,12 @@ def load_model(
             source, dtype=torch.float32, **_quantized(settings, torch.float32, device)
         )
     return _to(model, device)
+
+
+def lora_base_dtype(settings: ModelSettings, device: torch.device) -> torch.dtype:
+    """The dtype a LoRA run keeps its frozen base in: bf16 where it computes in bf16, else float32."""
+    compute = autocast_dtype(settings.mixed_precision, device)
+    return torch.bfloat16 if compute == torch.bfloat16 else torch.float32
 
 
 def _quantized(
@@ -108,9 +113,9 @@ def _to(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 def restore_adapter(model: PeftModel, folder: Path, adapter_name: str) -> None:
     """Adapter ``adapter_name``'s weights from a checkpoint's model folder (``adapter_model.safetensors``:
     one adapter, whatever it was named in the run that saved it)."""
-    set_peft_model_state_dict(
-        model, load_file(folder / "adapter_model.safetensors"), adapter_name=adapter_name
-    )
+    saved = load_adapter_file(folder)
+    saved.pop(HEAD_KEY, None)  # a reward model's head: its own module (``AdapterClassifier.restore_head``)
+    set_peft_model_state_dict(model, saved, adapter_name=adapter_name)
 
 
 def lora_config(settings: ModelSettings) -> LoraConfig:
@@ -144,10 +149,9 @@ def load_sequence_classifier(
     (peft's ``SEQ_CLS`` task saves it with the adapter). ``pad_token_id`` goes into the config: the model
     scores the last non-pad token of each row. Trainable weights come back from ``settings.resume_from``.
     """
-    compute = autocast_dtype(settings.mixed_precision, device)
     resume_model = Path(settings.resume_from) / MODEL_DIR if settings.resume_from else None
     source = str(resume_model) if resume_model is not None and not settings.use_lora else settings.model_path
-    base_dtype = torch.bfloat16 if settings.use_lora and compute == torch.bfloat16 else torch.float32
+    base_dtype = lora_base_dtype(settings, device) if settings.use_lora else torch.float32
     # the head starts untrained: it stays out of the quantized layers (it trains in full, as below)
     model: torch.nn.Module = AutoModelForSequenceClassification.from_pretrained(
         source,
@@ -171,7 +175,7 @@ def load_sequence_classifier(
             )
             model = get_peft_model(model, config)
         if resume_model is not None:
-            set_peft_model_state_dict(model, load_file(resume_model / "adapter_model.safetensors"))
+            set_peft_model_state_dict(model, load_adapter_file(resume_model))
         model.get_submodule("base_model.model.score").float()  # the head trains in fp32
     return _to(model, device)
 
@@ -181,6 +185,8 @@ def _unsharded_base(model: torch.nn.Module) -> PreTrainedModel | None:
     (FSDP: weights are gathered only inside the model's own forward, ``trainers.core.sharding``)."""
     if is_sharded(model):
         return None
+    if isinstance(model, AdapterClassifier):
+        model = model.lm
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     if not isinstance(base, PreTrainedModel) or base.config.model_type not in PLAIN_HEAD_MODELS:
         return None
@@ -214,7 +220,7 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     adapted by LoRA. None otherwise (another architecture may scale or soft-cap its logits): the caller
     then runs the whole model. None as well for a sharded model."""
     base = _unsharded_base(model)
-    if base is None:
+    if base is None or isinstance(model, AdapterClassifier):  # (a classifier: no LM head)
         return None
     head = base.get_output_embeddings()  # type: ignore[no-untyped-call]
     if type(head) is not torch.nn.Linear or head.bias is not None:
@@ -233,6 +239,8 @@ def classifier_parts(model: torch.nn.Module) -> ClassifierParts | None:
     the ``PLAIN_HEAD_MODELS`` built on transformers' ``GenericForSequenceClassification``, whose forward
     is exactly ``score(decoder(x))`` pooled at the last non-pad token. None otherwise."""
     base = _unsharded_base(model)
+    if isinstance(model, AdapterClassifier):  # the same parts on a shared causal LM
+        return ClassifierParts(model.decoder, model.head, model.pad_token_id) if base is not None else None
     if not isinstance(base, GenericForSequenceClassification):
         return None
     pad_token_id = base.config.get_text_config().pad_token_id

@@ -21,9 +21,10 @@ from tests.trainers.methods.test_grpo import HAS_E_SET
 from tests.trainers.methods.test_grpo import ROWS as GRPO_ROWS
 from trainers.core import turns
 from trainers.core.callbacks import TrainResult
-from trainers.families.shared_base import SharedBase
+from trainers.families.shared_base import SharedBase, seat_of_this_thread
 from trainers.methods.dpo import DPOConfig, train_dpo
 from trainers.methods.grpo import GRPOConfig, train_grpo
+from trainers.methods.reward_model import RewardModelConfig, train_reward_model
 from trainers.methods.sft import SFTConfig, train_sft
 
 # Interleaving whole steps runs each job's operations in its own order on the same weights, with its own
@@ -57,6 +58,44 @@ def _dpo(tiny: Path, out: Path, name: str, **hp: Any) -> Callable[[], Run]:
         recorder = Recorder()
         runs[name] = recorder
         return lambda: train_dpo(config, separable_rows(16), callbacks=recorder)
+
+    return make
+
+
+class SeatNoting(Recorder):
+    """Notes at each step whether the step ran on a shared base under this job's adapter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_shared_base: list[bool] = []
+
+    def on_step(self, row: dict[str, float]) -> None:
+        super().on_step(row)
+        seat = seat_of_this_thread()
+        model = seat[0]._model if seat is not None else None
+        self.on_shared_base.append(model is not None and model.active_adapter == seat[1])  # type: ignore[index]
+
+
+def _rm(tiny: Path, out: Path, name: str, **hp: Any) -> Callable[[], Run]:
+    """A LoRA reward-model job of 6 steps with dropout, a checkpoint at step 3 and a validation set,
+    recorded as ``runs[name]``."""
+
+    def make() -> Run:
+        config = RewardModelConfig(
+            model_path=str(tiny),
+            output_dir=str(out / name),
+            use_lora=True,
+            batch_size=2,
+            max_steps=6,
+            save_steps=3,
+            eval_steps=3,
+            learning_rate=1e-2,
+            lora_dropout=0.1,
+            **hp,
+        )
+        recorder = SeatNoting()
+        runs[name] = recorder
+        return lambda: train_reward_model(config, separable_rows(16), separable_rows(4), callbacks=recorder)
 
     return make
 
@@ -288,3 +327,78 @@ def test_qlora_jobs_share_one_quantized_base(
             assert torch.allclose(shared[key], value, rtol=REL, atol=1e-7), (name, key)
         config = json.loads((runs[name].checkpoints[-1].path / "model" / "config.json").read_text())
         assert "quantization_config" not in config
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path)
+
+
+def _same_tensors(shared: dict[str, torch.Tensor], own: dict[str, torch.Tensor], what: str) -> None:
+    assert shared.keys() == own.keys(), what
+    for key, value in own.items():
+        assert shared[key].dtype == value.dtype, (what, key)
+        assert torch.allclose(shared[key], value, rtol=REL, atol=1e-7), (what, key)
+
+
+def test_reward_models_share_the_base_and_train_as_they_do_alone(
+    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A reward model on a shared base is the causal LM's decoder under its adapter and a head of its
+    own (trainers/modeling/adapter_classifier.py): two of them beside an SFT job (one loads the base or
+    joins it, the other joins) compute the lone classifier's losses and validation, and write a lone
+    reward model's files: its checkpoint's adapter and head, and a plain sequence-classifier export."""
+
+    def make(folder: str) -> dict[str, Callable[[], Run]]:
+        out = tmp_path / folder
+        return {
+            "rm-a": _rm(tiny_model_path, out, "rm-a", seed=5),
+            "rm-b": _rm(tiny_model_path, out, "rm-b", seed=6, lora_r=4),
+            "sft": _sft(tiny_model_path, out, demo_rows, "sft", batch_size=4),
+        }
+
+    alone: dict[str, Recorder] = {}
+    for name, job in make("alone").items():
+        job()()
+        alone[name] = runs[name]
+    _run_together({name: job() for name, job in make("shared").items()})
+    for name in ("rm-a", "rm-b"):
+        solo, shared = alone[name], runs[name]
+        assert len(solo.steps) == 6
+        assert isinstance(shared, SeatNoting) and shared.on_shared_base == [True] * 6
+        for key in ("loss", "accuracy", "rewards/margins"):
+            assert [r[key] for r in shared.steps] == pytest.approx([r[key] for r in solo.steps], rel=REL)
+        assert [r["valid_loss"] for r in shared.evals] == pytest.approx(
+            [r["valid_loss"] for r in solo.evals], rel=REL
+        )
+        mid, own_mid = shared.checkpoints[0].path / "model", solo.checkpoints[0].path / "model"
+        _same_tensors(
+            _tensors(mid / "adapter_model.safetensors"), _tensors(own_mid / "adapter_model.safetensors"), name
+        )
+        adapter = json.loads((mid / "adapter_config.json").read_text())
+        assert adapter["task_type"] == "SEQ_CLS" and "score" in adapter["modules_to_save"]
+        final = shared.checkpoints[-1]
+        assert final.final
+        _same_tensors(_final_weights(shared), _final_weights(solo), name)
+        config = json.loads((final.path / "model" / "config.json").read_text())
+        own = json.loads((solo.checkpoints[-1].path / "model" / "config.json").read_text())
+        for key in ("architectures", "id2label", "pad_token_id", "dtype", "use_cache"):
+            assert config.get(key) == own.get(key), (name, key)
+    assert _losses(runs["sft"]) == pytest.approx(_losses(alone["sft"]), rel=REL)
+
+
+def test_a_reward_model_resumes_on_a_shared_base(
+    tiny_model_path: Path, demo_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A reward model's checkpoint resumed on a shared base (its adapter and its head, restored beside
+    another job's adapter) repeats the uninterrupted run's steps."""
+    _rm(tiny_model_path, tmp_path / "full", "full", seed=5)()()
+    full = runs["full"]
+    mid = str(full.checkpoints[0].path)
+    jobs = {
+        "sft": _sft(tiny_model_path, tmp_path, demo_rows, "sft", batch_size=4)(),
+        "rm": _rm(tiny_model_path, tmp_path / "resumed", "rm", seed=5, resume_from=mid)(),
+    }
+    _run_together(jobs)
+    assert [int(r["step"]) for r in runs["rm"].steps] == [4, 5, 6]
+    assert runs["rm"].on_shared_base == [True] * 3  # type: ignore[attr-defined]
+    assert _losses(runs["rm"]) == pytest.approx(_losses(full)[3:], rel=REL)

@@ -185,3 +185,12 @@ def test_without_gradients_nothing_is_kept_or_recomputed(
             model(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=0, atol=1e-6
         )
     assert counting.computed == 0
+
+
+def test_the_reward_model_gets_the_jobs_activation_memory(tiny_model_path: Path) -> None:
+    """A reward model's classifier gets its job's kernels as every method's model does (it once loaded
+    without them, and `gradient_checkpointing` did nothing for it)."""
+    from trainers.methods.reward_model import RewardModelConfig, _classifier
+
+    config = RewardModelConfig(str(tiny_model_path), "/unused", use_lora=True)
+    assert len(_patched(_classifier(config, torch.device("cpu"), 0))) == 2 * 4
