@@ -1,6 +1,6 @@
 """The data half of a job's pre-flight estimate, on an inference worker (service/jobs/estimate_task.py):
-the model's config, and for a supervised job the file's token statistics, through the trainers' own
-tokenization (``trainers.data.sft_stats``)."""
+the model's config, and for a supervised or preference-pair job the file's token statistics, through the
+trainers' own tokenization (``trainers.data.file_stats``)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,11 @@ from service.jobs.estimate_task import EstimateTask
 from service.storage import get_blob_store
 from trainers.core.errors import DataError
 from trainers.data.jsonl_rows import JsonlRows
+from trainers.registry import PREFERENCE_FORMATS, SUPERVISED_FORMATS, get_method
 from worker.models import resolve_model_path
 from worker.replies import RequestRefused, errors_replied
 
 log = logging.getLogger("tunehouse.estimate")
-
-# methods whose data the estimate tokenizes: the SFT formats (the preference and prompt formats count
-# examples only, for now)
-TOKENIZED_METHODS = frozenset({"supervised"})
 
 
 def estimate_data(task: EstimateTask) -> dict[str, Any]:
@@ -33,21 +30,32 @@ def estimate_data(task: EstimateTask) -> dict[str, Any]:
     settings, blobs = get_settings(), get_blob_store()
     path = resolve_model_path(settings, blobs, tenant_id=task.tenant_id, name=task.model)
     config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    if task.method_type not in TOKENIZED_METHODS or task.max_length is None:
+    # the methods whose files the estimate tokenizes: the SFT formats and preference pairs (KTO's unpaired
+    # rows and the RL methods' prompts count examples only, for now)
+    formats = get_method(task.method_type).formats
+    if formats not in (SUPERVISED_FORMATS, PREFERENCE_FORMATS) or task.max_length is None:
         return {"model_config": config, "data": None}
-    from trainers.data.sft_stats import sft_file_stats
+    from trainers.data.file_stats import pair_file_stats, sft_file_stats
     from trainers.modeling.loading import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="estimate-") as tmp:
         local = Path(tmp) / "training_file.jsonl"
         with local.open("wb") as fh:
             blobs.copy_to(task.training_blob_key, fh)
-        stats = sft_file_stats(
-            JsonlRows(local, param="training_file"),
-            load_tokenizer(path),
-            max_length=task.max_length,
-            batch_size=task.batch_size,
-            preview=task.preview,
+        lines, tokenizer = JsonlRows(local, param="training_file"), load_tokenizer(path)
+        stats = (
+            sft_file_stats(
+                lines, tokenizer, max_length=task.max_length, batch_size=task.batch_size, preview=task.preview
+            )
+            if formats == SUPERVISED_FORMATS
+            else pair_file_stats(
+                lines,
+                tokenizer,
+                max_length=task.max_length,
+                max_prompt_length=task.max_prompt_length,
+                batch_size=task.batch_size,
+                preview=task.preview,
+            )
         )
     rows, width, targets = stats.largest_micro_batch(task.batch_size)
     data = {**stats.as_dict(), "micro_batch": {"rows": rows, "width": width, "targets": targets}}

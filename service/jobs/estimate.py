@@ -185,6 +185,7 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
         method_type=method,
         training_blob_key=checked.training.blob_key,
         max_length=hp.get("max_length"),
+        max_prompt_length=hp.get("max_prompt_length"),
         batch_size=int(hp["batch_size"]),
         preview=PREVIEW_EXAMPLES,
         deadline=time.time() + settings.inference_timeout_seconds,
@@ -228,7 +229,9 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
         examples=examples,
         trained_examples=trained_examples,
         trained_tokens=tokens,
-        tokens_reason=None if data else f"token counts are computed for supervised jobs only, not '{method}'",
+        tokens_reason=None
+        if data
+        else f"token counts are computed for supervised and preference-pair jobs, not '{method}'",
         total_steps=steps,
         truncated=Truncation(
             count=data["truncated"], first_lines=data["truncated_lines"], dropped_lines=data["dropped_lines"]

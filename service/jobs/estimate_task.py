@@ -25,6 +25,7 @@ class EstimateTask(BaseModel):
     method_type: str
     training_blob_key: str
     max_length: int | None  # None: the method has no max_length (no token statistics)
+    max_prompt_length: int | None = None  # preference methods: the prompt's cut (None: none)
     batch_size: int
     preview: int
     # unix time after which nobody waits for the answer: a worker that gets the message later drops it

@@ -158,3 +158,39 @@ def test_sdk_and_cli_estimate(stack: Stack, http: httpx.Client) -> None:
     assert "[[0 plus 0 is 0." in shown.stdout  # the trained tokens of the first example, marked
     as_json = th(*cli, "-p", f"max_length={MAX_LENGTH}", "--json", url=stack.url, key=key)
     assert json.loads(as_json.stdout)["object"] == "fine_tuning.job.estimate"
+
+
+def test_a_preference_job_estimate_predicts_its_run(http: httpx.Client) -> None:
+    """A DPO job's file is counted as training reads it: each pair as prompt + chosen and prompt +
+    rejected (a pair whose chosen answer runs past max_length is cut), the completions trained; the
+    job then trains exactly the estimated tokens in the estimated steps."""
+    from tests.e2e.test_preference_methods import preference_rows
+
+    long = {"prompt": "Count to forty.", "chosen": " ".join(map(str, range(40))), "rejected": "No."}
+    file_id = upload_ok(http, [*preference_rows(7, openai_shape=False), long])
+    hp = {"n_epochs": 2, "batch_size": 4, "max_length": MAX_LENGTH, "beta": 0.1}
+    body = {
+        "model": BASE,
+        "training_file": file_id,
+        "seed": 5,
+        "method": {"type": "dpo", "dpo": {"hyperparameters": hp}},
+    }
+    answer = http.post("/v1/fine_tuning/jobs/estimate", json=body)
+    assert answer.status_code == 200, answer.text
+    estimate = answer.json()
+    assert (estimate["examples"], estimate["trained_examples"]) == (8, 8)
+    assert estimate["truncated"] == {"count": 1, "first_lines": [8], "dropped_lines": []}
+    assert estimate["tokens_reason"] is None
+    chosen, rejected = estimate["preview"][:2]  # the first pair's two sequences
+    for sequence, answer_text in ((chosen, "Happy to help: 0."), (rejected, "Go away. 1.")):
+        assert answer_text in "".join(s["text"] for s in sequence if s["trained"])
+        assert "What is 0 plus 0?" in "".join(s["text"] for s in sequence if not s["trained"])
+
+    created = http.post("/v1/fine_tuning/jobs", json=body)
+    assert created.status_code == 200, created.text
+    job = wait_for(http, created.json()["id"])
+    assert job["status"] == "succeeded", job
+    rows = all_pages(http, f"/v1/fine_tuning/jobs/{job['id']}/metrics")
+    last = [r for r in rows if "trained_tokens" in r][-1]
+    assert last["step"] == estimate["total_steps"]
+    assert last["trained_tokens"] == estimate["trained_tokens"]["total"]

@@ -21,7 +21,7 @@ An optional numeric ``"margin"`` per row is kept (the reward model's margin, Tou
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,12 +38,14 @@ __all__ = [
     "PreferenceBatch",
     "PreferenceExample",
     "SequenceRows",
+    "TokenizedPair",
     "collate_preferences",
     "encode_prompt_completion",
     "pad_sequences",
     "prompt_completion_texts",
     "stack_rows",
     "tokenize_preference_rows",
+    "tokenized_pairs",
 ]
 
 
@@ -62,16 +64,26 @@ class PreferenceExample:
         return replace(self, ref_chosen_logp=chosen, ref_rejected_logp=rejected)
 
 
-def tokenize_preference_rows(
+@dataclass(frozen=True)
+class TokenizedPair:
+    """One row of a preference file as training reads it (``tokenized_pairs``)."""
+
+    line: int  # the row's line in its file, from 1
+    example: PreferenceExample | None  # None: truncated away (no prompt, chosen or rejected token left)
+    cut: bool  # truncation removed tokens from the prompt or a completion
+
+
+def tokenized_pairs(
     rows: Sequence[Mapping[str, Any]],
     tokenizer: PreTrainedTokenizerBase,
     *,
     max_length: int,
     max_prompt_length: int | None = None,
     param: str = "training_file",
-) -> ExampleStore[PreferenceExample]:
-    """Tokenize and truncate ``rows`` into an on-disk store; raise ``DataError`` (with ``param``) when no
-    usable pair remains."""
+) -> Iterator[TokenizedPair]:
+    """Each row tokenized and truncated (the module's docstring); ``DataError`` (with ``param``) on a
+    malformed row. What training reads (``tokenize_preference_rows``) and the pre-flight estimate counts
+    (``trainers.data.file_stats``)."""
     kind = first_row_kind(
         rows,
         frozenset({FileFormat.PREFERENCE}),
@@ -79,8 +91,6 @@ def tokenize_preference_rows(
         param=param,
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
-    examples = ExampleWriter(PreferenceExample)
-    n_truncated_away = 0
     for line, row in rows_of_kind(rows, kind, param=param):
         with row_errors(line, kind, param=param):
             prompt, chosen, rejected = _texts(row, kind.shape, tokenizer, bos, eos)
@@ -91,15 +101,36 @@ def tokenize_preference_rows(
             raise DataError(
                 f"line {line}: the chosen and rejected completions must not be empty", param=param
             )
+        full = len(prompt_ids) + max(len(chosen_ids), len(rejected_ids))
         if max_prompt_length is not None and len(prompt_ids) > max_prompt_length:
             prompt_ids = prompt_ids[len(prompt_ids) - max_prompt_length :]
         room = max_length - len(prompt_ids)
         example = PreferenceExample(
             prompt_ids, chosen_ids[: max(room, 0)], rejected_ids[: max(room, 0)], margin
         )
+        kept = len(example.prompt_ids) + max(len(example.chosen_ids), len(example.rejected_ids))
         # The first token of a sequence has no context, so a completion needs a prompt token before it.
-        if prompt_ids and example.chosen_ids and example.rejected_ids:
-            examples.append(example)
+        usable = bool(prompt_ids and example.chosen_ids and example.rejected_ids)
+        yield TokenizedPair(line, example if usable else None, cut=kept < full)
+
+
+def tokenize_preference_rows(
+    rows: Sequence[Mapping[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    max_length: int,
+    max_prompt_length: int | None = None,
+    param: str = "training_file",
+) -> ExampleStore[PreferenceExample]:
+    """Tokenize and truncate ``rows`` into an on-disk store; raise ``DataError`` (with ``param``) when no
+    usable pair remains."""
+    examples = ExampleWriter(PreferenceExample)
+    n_truncated_away = 0
+    for pair in tokenized_pairs(
+        rows, tokenizer, max_length=max_length, max_prompt_length=max_prompt_length, param=param
+    ):
+        if pair.example is not None:
+            examples.append(pair.example)
         else:
             n_truncated_away += 1
     if not examples:
