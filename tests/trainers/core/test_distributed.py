@@ -129,24 +129,55 @@ def sft_reference(
     return rec, config
 
 
+Launched = tuple[subprocess.CompletedProcess[bytes], dict[str, list[dict[str, Any]]]]
+
+
+@pytest.fixture(scope="module")
+def two_rank_sft(
+    sft_reference: tuple[Recorder, dict[str, Any]],
+    demo_rows: list[dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Launched]:
+    """The 2-rank SFT runs of the tests below in one launch (``launch_together``): DDP and FSDP, each
+    with a validation set, and FSDP resumed from the 1-process run's checkpoint of step 2."""
+    reference, config = sft_reference
+    tmp = tmp_path_factory.mktemp("two-rank-sft")
+    rows = _write_rows(tmp / "train.jsonl", demo_rows[:18])
+    valid = _write_rows(tmp / "valid.jsonl", demo_rows[18:23])
+    two = {**config, "gradient_accumulation_steps": 2}
+    runs: dict[str, dict[str, Any]] = {
+        strategy: {
+            "method": "supervised",
+            "config": {**two, "output_dir": str(tmp / strategy / "out")},
+            "rows": rows,
+            "valid_rows": valid,
+            "strategy": strategy,
+        }
+        for strategy in ("ddp", "fsdp")
+    }
+    start = reference.checkpoints[0].path
+    assert reference.checkpoints[0].step == 2 and (start / "state").is_dir()
+    runs["fsdp-resumed"] = {
+        "method": "supervised",
+        "config": {**two, "output_dir": str(tmp / "fsdp-resumed" / "out"), "resume_from": str(start)},
+        "rows": rows,
+        "strategy": "fsdp",
+    }
+    return tmp, launch_together(tmp, ranks=2, runs=runs)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_rank_sft_matches_one_process(
     strategy: str,
     sft_reference: tuple[Recorder, dict[str, Any]],
-    demo_rows: list[dict[str, Any]],
-    tmp_path: Path,
+    two_rank_sft: tuple[Path, Launched],
 ) -> None:
     """DDP and FSDP alike; FSDP's rank 1 runs a stand-in micro-batch at each epoch's end (it has none)
     and a stand-in validation chunk (5 rows: 3 chunks of 2), or the ranks' weight gathers would not pair."""
-    reference, config = sft_reference
-    rows = _write_rows(tmp_path / "train.jsonl", demo_rows[:18])
-    valid = _write_rows(tmp_path / "valid.jsonl", demo_rows[18:23])
-    two = {**config, "gradient_accumulation_steps": 2, "output_dir": str(tmp_path / "out")}
-    done, reports = launch(
-        tmp_path, ranks=2, method="supervised", config=two, rows=rows, valid_rows=valid, strategy=strategy
-    )
+    reference, _ = sft_reference
+    tmp, (done, runs) = two_rank_sft
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    main, other = reports
+    main, other = runs[strategy]
     assert (main["rank"], main["world_size"], other["rank"]) == (0, 2, 1)
     assert main["begin"]["total_steps"] == reference.begin["total_steps"] == 6
     rel = TOLERANCE[strategy]
@@ -163,7 +194,7 @@ def test_two_rank_sft_matches_one_process(
             [6, True],
         ]
     )
-    folders = sorted(p.name for p in (tmp_path / "out").iterdir())
+    folders = sorted(p.name for p in (tmp / strategy / "out").iterdir())
     assert folders == ["checkpoint-000002", "checkpoint-000004", "checkpoint-000006"]
 
 
@@ -200,36 +231,22 @@ def test_killed_rank_ends_the_run_and_it_resumes_on_one_process(
 
 
 def test_an_fsdp_checkpoint_resumes_on_one_process_and_a_one_process_one_on_fsdp(
-    sft_reference: tuple[Recorder, dict[str, Any]], demo_rows: list[dict[str, Any]], tmp_path: Path
+    sft_reference: tuple[Recorder, dict[str, Any]],
+    two_rank_sft: tuple[Path, Launched],
+    demo_rows: list[dict[str, Any]],
+    tmp_path: Path,
 ) -> None:
     """FSDP writes the whole weights and optimizer state, as one process does: either resumes the
     other's checkpoint and repeats the uninterrupted run's steps."""
     reference, config = sft_reference
-    rows = _write_rows(tmp_path / "train.jsonl", demo_rows[:18])
-    sharded = tmp_path / "sharded"
-    sharded.mkdir()
-    two = {
-        **config,
-        "gradient_accumulation_steps": 2,
-        "output_dir": str(sharded / "out"),
-        "keep_checkpoints": 10,
-    }
-    done, _ = launch(sharded, ranks=2, method="supervised", config=two, rows=rows, strategy="fsdp")
+    tmp, (done, runs) = two_rank_sft
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    ckpt = sharded / "out" / "checkpoint-000002"
+    ckpt = tmp / "fsdp" / "out" / "checkpoint-000002"
     one = {**config, "output_dir": str(tmp_path / "one"), "resume_from": str(ckpt)}
     rec = in_process("supervised", one, demo_rows[:18])
     assert_same_curve(rec.steps, reference.steps[2:], KEYS, REL_SHARDED)
-
-    # and the 1-process run's checkpoint of step 2, resumed sharded on 2 ranks
-    back = tmp_path / "back"
-    back.mkdir()
-    start = reference.checkpoints[0].path
-    assert reference.checkpoints[0].step == 2 and (start / "state").is_dir()
-    again = {**two, "output_dir": str(back / "out"), "resume_from": str(start)}
-    done, reports = launch(back, ranks=2, method="supervised", config=again, rows=rows, strategy="fsdp")
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    assert_same_curve(reports[0]["steps"], reference.steps[2:], KEYS, REL_SHARDED)
+    # and the 1-process run's checkpoint of step 2, resumed sharded on 2 ranks (in the same launch)
+    assert_same_curve(runs["fsdp-resumed"][0]["steps"], reference.steps[2:], KEYS, REL_SHARDED)
 
 
 # Every offline method other than SFT trains on preference pairs; KTO reads each pair as two unpaired rows

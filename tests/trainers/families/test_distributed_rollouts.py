@@ -16,7 +16,6 @@ from tests.trainers.core.test_distributed import (
     _write_rows,
     assert_same_curve,
     in_process,
-    launch,
     launch_together,
 )
 
@@ -59,6 +58,14 @@ VALID_ROWS = ONLINE_ROWS[:3]  # sampled and graded once, at the end (FSDP: with 
 # their steps one process's. (GRPO, RLOO and online DPO learn nothing from greedy samples: a prompt's
 # completions are all alike, so their advantages are 0; their step statistics are checked below.)
 GREEDY = {"top_p": 1e-9}
+# PPO whose checkpoint of step 3 lies between the 2 optimizer steps of its second rollout
+RESUMABLE_PPO = {
+    "num_ppo_epochs": 2,
+    "gradient_accumulation_steps": 1,
+    "save_steps": 1,
+    "keep_checkpoints": 10,
+}
+RESUMED_FROM = "checkpoint-000003"
 PPO_KEYS = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
 
 Launched = tuple[subprocess.CompletedProcess[bytes], dict[str, list[dict[str, Any]]]]
@@ -82,6 +89,24 @@ def two_rank_runs(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactor
         name = f"greedy-ppo-{strategy}"
         config = {**_online_base(tiny_model_path, "ppo"), **GREEDY, "gradient_accumulation_steps": 1}
         runs[name] = {"method": "ppo", "config": {**config, "output_dir": str(tmp / name / "out")}, **common}
+        # PPO checkpointed at every step, then resumed from the step in the middle of its second
+        # rollout: the runs of a launch go one after another, so that checkpoint is on disk by then
+        resumable = {**_online_base(tiny_model_path, "ppo"), **RESUMABLE_PPO}
+        whole = tmp / f"ppo-whole-{strategy}" / "out"
+        runs[f"ppo-whole-{strategy}"] = {
+            "method": "ppo",
+            "config": {**resumable, "output_dir": str(whole)},
+            **common,
+        }
+        runs[f"ppo-resumed-{strategy}"] = {
+            "method": "ppo",
+            "config": {
+                **resumable,
+                "output_dir": str(tmp / f"ppo-resumed-{strategy}" / "out"),
+                "resume_from": str(whole / RESUMED_FROM),
+            },
+            **common,
+        }
     return launch_together(tmp, ranks=2, runs=runs)
 
 
@@ -137,34 +162,13 @@ def test_two_rank_greedy_ppo_steps_equal_one_process(
     )
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(
-    strategy: str, tiny_model_path: Path, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_rank_ppo_resumes_mid_rollout_as_if_uninterrupted(strategy: str, two_rank_runs: Launched) -> None:
     """A checkpoint taken between the optimizer steps of one rollout holds each rank's share of it:
     2 ranks resumed from it repeat the uninterrupted 2-rank run's steps exactly (FSDP: the value head,
     sharded too, comes back whole from the checkpoint)."""
-    base = {
-        **_online_base(tiny_model_path, "ppo"),
-        "num_ppo_epochs": 2,  # 2 optimizer steps per rollout
-        "gradient_accumulation_steps": 1,
-        "save_steps": 1,
-        "keep_checkpoints": 10,
-    }
-    rows = _write_rows(tmp_path / "prompts.jsonl", ONLINE_ROWS)
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    config = {**base, "output_dir": str(whole / "out")}
-    run = {"method": "ppo", "rows": rows, "graders": ONLINE_GRADERS, "strategy": strategy}
-    done, reports = launch(whole, ranks=2, config=config, **run)
+    done, reports = two_rank_runs
     assert done.returncode == 0, done.stderr.decode()[-3000:]
-    uninterrupted = reports[0]["steps"]
+    uninterrupted = reports[f"ppo-whole-{strategy}"][0]["steps"]
     assert len(uninterrupted) == 6
-
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
-    ckpt = whole / "out" / "checkpoint-000003"  # after the first of the second rollout's 2 steps
-    again = {**base, "output_dir": str(resumed_dir / "out"), "resume_from": str(ckpt)}
-    done, reports = launch(resumed_dir, ranks=2, config=again, **run)
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    assert_same_curve(reports[0]["steps"], uninterrupted[3:], PPO_KEYS)
+    assert_same_curve(reports[f"ppo-resumed-{strategy}"][0]["steps"], uninterrupted[3:], PPO_KEYS)
