@@ -4,7 +4,7 @@ jobs as 2 Ray Train ranks, one on each node (gloo on CPU).
 
 - SFT and DPO on 2 nodes give the loss curve of a one-node job with the same global batch
   (`batch_size x gradient_accumulation_steps x nodes x gpus_per_node`). Tolerance 1e-5 relative, as for
-  2 ranks on one host (tests/e2e/test_multi_gpu_jobs.py): the same per-token losses and gradients summed
+  2 ranks on one host (tests/multi_gpu/test_multi_gpu_jobs.py): the same per-token losses and gradients summed
   in another order (each rank its micro-batches, then gloo the partial sums); a wrong share of the batch
   or a wrong denominator moves the loss by more than 1e-2.
 - Cancel reaches both ranks: the job ends `cancelled` and no Ray Train worker outlives it.
@@ -32,7 +32,9 @@ import httpx
 import pytest
 
 from tests.conftest import _stop, new_key, redis_db, start_server
-from tests.e2e.test_multi_gpu_jobs import (
+from tests.e2e.test_preference_methods import preference_rows
+from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
+from tests.multi_gpu.test_multi_gpu_jobs import (
     CURVE,
     _assert_same_curve,
     _checkpoint_steps,
@@ -40,8 +42,6 @@ from tests.e2e.test_multi_gpu_jobs import (
     _method,
     _steps,
 )
-from tests.e2e.test_preference_methods import preference_rows
-from tests.helpers import all_pages, chat_rows, upload_ok, wait_for
 from tests.ray.cluster import HEAD_IP, RayCluster, pids_of
 
 BROKER = redis_db(4)

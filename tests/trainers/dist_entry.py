@@ -53,7 +53,7 @@ def main(spec_path: str) -> None:
     # Then the process ends without tearing the group down: a rank of an FSDP run aborted in that
     # teardown ("terminate called without an active exception", exit -6) after its run had ended and
     # its results were written, twice in CI under load (2026-11-27). The teardown of a real job's
-    # ranks is worker/job_process's, exercised by tests/e2e/test_multi_gpu_jobs.py.
+    # ranks is worker/job_process's, exercised by tests/multi_gpu/test_multi_gpu_jobs.py.
     dist.barrier()
     sys.stdout.flush()
     sys.stderr.flush()
