@@ -50,6 +50,18 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
         yield client
 
 
+def _trains_as_estimated(http: httpx.Client, body: dict[str, Any], estimate: dict[str, Any]) -> None:
+    """The job created from ``body`` succeeds in the estimated steps, with the estimated tokens."""
+    created = http.post("/v1/fine_tuning/jobs", json=body)
+    assert created.status_code == 200, created.text
+    job = wait_for(http, created.json()["id"])
+    assert job["status"] == "succeeded", job
+    rows = all_pages(http, f"/v1/fine_tuning/jobs/{job['id']}/metrics")
+    last = [r for r in rows if "trained_tokens" in r][-1]
+    assert last["step"] == estimate["total_steps"]
+    assert last["trained_tokens"] == estimate["trained_tokens"]["total"]
+
+
 def test_estimate_predicts_the_run_and_stores_nothing(http: httpx.Client) -> None:
     tenant = http.headers["x-test-tenant"]
     file_id = upload_ok(http, [*chat_rows(10), LONG])
@@ -78,14 +90,7 @@ def test_estimate_predicts_the_run_and_stores_nothing(http: httpx.Client) -> Non
     parts = kind["peak_memory_bytes"]
     assert parts["total"] == sum(v for k, v in parts.items() if k != "total") > 0
 
-    created = http.post("/v1/fine_tuning/jobs", json=_body(file_id))
-    assert created.status_code == 200, created.text
-    job = wait_for(http, created.json()["id"])
-    assert job["status"] == "succeeded", job
-    rows = all_pages(http, f"/v1/fine_tuning/jobs/{job['id']}/metrics")
-    last = [r for r in rows if "trained_tokens" in r][-1]
-    assert last["step"] == estimate["total_steps"]
-    assert last["trained_tokens"] == estimate["trained_tokens"]["total"]
+    _trains_as_estimated(http, _body(file_id), estimate)
     tokens = estimate["trained_tokens"]
     assert tokens["total"] == 2 * tokens["per_epoch"] and 0 < tokens["loss_per_epoch"] < tokens["per_epoch"]
 
@@ -185,12 +190,4 @@ def test_a_preference_job_estimate_predicts_its_run(http: httpx.Client) -> None:
     for sequence, answer_text in ((chosen, "Happy to help: 0."), (rejected, "Go away. 1.")):
         assert answer_text in "".join(s["text"] for s in sequence if s["trained"])
         assert "What is 0 plus 0?" in "".join(s["text"] for s in sequence if not s["trained"])
-
-    created = http.post("/v1/fine_tuning/jobs", json=body)
-    assert created.status_code == 200, created.text
-    job = wait_for(http, created.json()["id"])
-    assert job["status"] == "succeeded", job
-    rows = all_pages(http, f"/v1/fine_tuning/jobs/{job['id']}/metrics")
-    last = [r for r in rows if "trained_tokens" in r][-1]
-    assert last["step"] == estimate["total_steps"]
-    assert last["trained_tokens"] == estimate["trained_tokens"]["total"]
+    _trains_as_estimated(http, body, estimate)
