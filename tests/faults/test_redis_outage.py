@@ -112,8 +112,11 @@ def test_a_hung_redis_does_not_stall_a_job(fault_stack: FaultStack) -> None:
             time.sleep(0.2)
         before = logged(frozen_at - HUNG_SECONDS, frozen_at)
         during = logged(frozen_at, frozen_at + HUNG_SECONDS)
-        # a training thread that waited on the publish would stall for a whole timeout at once
-        assert during >= max(3, 0.5 * before), f"{during} steps while Redis hung against {before} before"
+        # a training thread that waited on the publish would stall for a whole timeout at once: a step
+        # or two in the window against ~15 before. A quarter, not a half: the pace itself can halve from
+        # one window to the next while the tests beside this one (.ci/run runs two at once) load the CPU
+        # (measured: 8 steps against 17, with nothing hung but the publishes)
+        assert during >= max(3, 0.25 * before), f"{during} steps while Redis hung against {before} before"
         assert client.post(f"/v1/fine_tuning/jobs/{running}/cancel").status_code == 200
         assert wait_for(client, running, statuses=("cancelled",), timeout=120)["status"] == "cancelled"
     print(f"\nredis hung {HUNG_SECONDS:.0f}s: {during} steps trained, against {before} in as long before")
