@@ -57,7 +57,7 @@ def estimate_data(task: EstimateTask) -> dict[str, Any]:
                 preview=task.preview,
             )
         )
-    rows, width, targets = stats.largest_micro_batch(task.batch_size)
+    rows, width, targets = stats.largest_micro_batch()
     data = {**stats.as_dict(), "micro_batch": {"rows": rows, "width": width, "targets": targets}}
     return {"model_config": config, "data": data}
 

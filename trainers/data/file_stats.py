@@ -38,12 +38,12 @@ class FileStats:
     # the most trained tokens of any `batch_size` examples (a min-heap of the largest counts)
     top_trained: list[int] = field(default_factory=list)
     preview: list[list[dict[str, Any]]] = field(default_factory=list)
-    batch_size_kept: int = 1  # how many examples `top_trained` keeps (a micro-batch's)
+    batch_size: int = 1  # examples per micro-batch: how many `top_trained` keeps
 
-    def largest_micro_batch(self, batch_size: int) -> tuple[int, int, int]:
-        """(rows, padded width, trained tokens) bounding any micro-batch of ``batch_size`` examples: the
-        longest sequence sets the width, the examples with the most trained tokens the targets."""
-        rows = min(batch_size, max(1, self.trained_examples)) * self.sequences_per_example
+    def largest_micro_batch(self) -> tuple[int, int, int]:
+        """(rows, padded width, trained tokens) bounding any micro-batch of ``batch_size`` examples:
+        the longest sequence sets the width, the examples with the most trained tokens the targets."""
+        rows = min(self.batch_size, max(1, self.trained_examples)) * self.sequences_per_example
         return rows, max(1, self.longest), max(1, sum(self.top_trained))
 
     def count_trained(self, tokens: int, loss_tokens: int, longest: int) -> None:
@@ -51,7 +51,7 @@ class FileStats:
         self.tokens_per_epoch += tokens
         self.loss_tokens_per_epoch += loss_tokens
         self.longest = max(self.longest, longest)
-        if len(self.top_trained) < self.batch_size_kept:
+        if len(self.top_trained) < self.batch_size:
             heapq.heappush(self.top_trained, loss_tokens)
         else:
             heapq.heappushpop(self.top_trained, loss_tokens)
@@ -104,7 +104,7 @@ def sft_file_stats(
     param: str = "training_file",
 ) -> FileStats:
     """Walk every row of an SFT file once; ``DataError`` as training would raise it on a malformed row."""
-    stats = FileStats(batch_size_kept=batch_size)
+    stats = FileStats(batch_size=batch_size)
     for line, full in untruncated_examples(rows, tokenizer, param=param):
         stats.examples += 1
         if len(full.input_ids) > max_length:
@@ -131,7 +131,7 @@ def pair_file_stats(
 ) -> FileStats:
     """Walk every row of a preference file once (the module's docstring says how a pair counts);
     ``DataError`` as training would raise it on a malformed row."""
-    stats = FileStats(sequences_per_example=2, batch_size_kept=batch_size)
+    stats = FileStats(sequences_per_example=2, batch_size=batch_size)
     for pair in tokenized_pairs(
         rows, tokenizer, max_length=max_length, max_prompt_length=max_prompt_length, param=param
     ):

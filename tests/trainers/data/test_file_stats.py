@@ -38,7 +38,7 @@ def test_pair_stats_count_what_the_training_batches_hold(
         assert (stats.truncated, stats.truncated_lines, stats.dropped_lines) == (2, [6, 7], [7])
     else:  # its prompt is cut to its last 16 tokens, which leaves room for the answers
         assert (stats.truncated, stats.truncated_lines, stats.dropped_lines) == (2, [6, 7], [])
-    rows, width, targets = stats.largest_micro_batch(2)
+    rows, width, targets = stats.largest_micro_batch()
     assert (rows, width) == (4, stats.longest)  # two pairs: four sequences
     assert targets == max(
         int(a.completion_mask.sum()) + int(b.completion_mask.sum())

@@ -5,7 +5,6 @@ of ``tests/trainers/core/test_distributed.py``)."""
 from __future__ import annotations
 
 import math
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 
 from tests.trainers.core.test_distributed import (
     TOLERANCE,
+    Launched,
     _write_rows,
     assert_same_curve,
     in_process,
@@ -67,8 +67,6 @@ RESUMABLE_PPO = {
 }
 RESUMED_FROM = "checkpoint-000003"
 PPO_KEYS = ("loss", "grad_norm", "policy_loss", "value_loss", "rewards/e/mean", "completions/mean_length")
-
-Launched = tuple[subprocess.CompletedProcess[bytes], dict[str, list[dict[str, Any]]]]
 
 
 @pytest.fixture(scope="module")
