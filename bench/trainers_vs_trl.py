@@ -286,7 +286,10 @@ def make_rows(size: Size, seed: int = 0) -> dict[str, list[dict[str, Any]]]:
     vocabulary = ours.CORPUS_PATH.read_text(encoding="utf-8").split()
     rng = random.Random(seed)
     sft, pairs = [], []
-    pair_words = (size.completion_words[0], size.completion_words[1] // 2)
+    # each answer of a pair is at most half a completion; a size made for SFT (1,000-1,800 words) must
+    # still give pairs, or its SFT rows are never made (the first GPU run's SFT cells all failed so)
+    low, high = size.completion_words
+    pair_words = (min(low, high // 2), high // 2)
     for _ in range(size.n_rows):
         prompt = _words(rng, vocabulary, size.prompt_words)
         sft.append({"prompt": prompt, "completion": " " + _words(rng, vocabulary, size.completion_words)})

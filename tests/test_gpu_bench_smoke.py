@@ -156,3 +156,18 @@ def test_lora_flops_count_four_per_weight_and_token() -> None:
     attention = 12 * 3 * 48 * 10**2
     assert training_flops(config, rows) == 6 * (body + head) + attention
     assert training_flops(config, rows, trained_weights=False) == 4 * (body + head) + attention
+
+
+@pytest.mark.parametrize("key", sorted(gpu_suite.WORKLOADS), ids=lambda k: ":".join(k))
+def test_every_workload_makes_its_rows(key: tuple[str, str]) -> None:
+    """Each cell's rows are made from its size, for every method at once: the first GPU run's SFT sizes
+    (answers of 1,000-1,800 words) asked the pairs for 1,000-900 words and no SFT cell ran. Smoke sizes
+    alone never reached it."""
+    from bench.trainers_vs_trl import make_rows
+
+    size = gpu_suite.WORKLOADS[key]
+    rows = make_rows(size)
+    assert len(rows["sft"]) == len(rows["pairs"]) == len(rows["prompts"]) == size.n_rows
+    low, high = size.completion_words
+    for row in rows["sft"]:
+        assert low <= len(row["completion"].split()) <= high
