@@ -16,17 +16,18 @@ can run in the API process, a worker or a CLI.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from service.input_guard import unsafe_value
+from trainers.chat.pairs import preference_pair, prompt_and_completions, unpaired_example
+from trainers.chat.rows import RowProblem, read_chat
 from trainers.formats import FileFormat, detect, shape
 from trainers.registry import get_method
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
-    "MESSAGE_ROLES",
     "FileStats",
     "FileValidationError",
     "JsonlValidator",
@@ -41,7 +42,7 @@ def method_formats(method_type: str) -> frozenset[FileFormat]:
     return frozenset(FileFormat(name) for name in get_method(method_type).formats)
 
 
-MESSAGE_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
+_T = TypeVar("_T")
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 
 _MAX_REPR = 40
@@ -132,156 +133,63 @@ class _Line:
             self.fail(path, "must be a non-empty array")
         return value
 
-    # -- messages -----------------------------------------------------------------------------------------
+    # -- chat rows (trainers.chat: the declaration the trainers read rows with too) -----------------------
 
-    def content(self, value: object, path: str) -> None:
-        if isinstance(value, str):
-            self.string(value, path)
-            return
-        if not isinstance(value, list):
-            self.fail(path, f"expected a non-empty string or a list of text parts, got {_json_type(value)}")
-        if not value:
-            self.fail(path, "must be a non-empty string or a non-empty list of text parts")
-        for i, raw in enumerate(value):
-            part_path = f"{path}[{i}]"
-            part = self.obj(raw, part_path)
-            kind = self.require(part, "type", f"{part_path}.type")
-            if kind != "text":
-                self.fail(
-                    f"{part_path}.type", f"unsupported content part type {_short(kind)} (expected 'text')"
-                )
-            self.string(self.require(part, "text", f"{part_path}.text"), f"{part_path}.text")
-
-    def tool_calls(self, value: object, path: str) -> None:
-        calls = self.array(value, path)
-        for i, raw in enumerate(calls):
-            call_path = f"{path}[{i}]"
-            call = self.obj(raw, call_path)
-            if "type" in call and call["type"] != "function":
-                self.fail(
-                    f"{call_path}.type",
-                    f"unsupported tool call type {_short(call['type'])} (expected 'function')",
-                )
-            function = self.obj(
-                self.require(call, "function", f"{call_path}.function"), f"{call_path}.function"
-            )
-            self.string(
-                self.require(function, "name", f"{call_path}.function.name"), f"{call_path}.function.name"
-            )
-            if "arguments" in function and not isinstance(function["arguments"], str | dict):
-                self.fail(
-                    f"{call_path}.function.arguments",
-                    f"expected a string or an object, got {_json_type(function['arguments'])}",
-                )
-
-    def message(self, raw: object, path: str) -> dict[str, Any]:
-        """Validate one chat message and return it."""
-        msg = self.obj(raw, path)
-        role = self.require(msg, "role", f"{path}.role")
-        if not isinstance(role, str):
-            self.fail(f"{path}.role", f"expected a string, got {_json_type(role)}")
-        if role not in MESSAGE_ROLES:
-            self.fail(f"{path}.role", f"unknown role {_short(role)} (expected {', '.join(MESSAGE_ROLES)})")
-        has_tool_calls = "tool_calls" in msg and msg["tool_calls"] is not None
-        if has_tool_calls:
-            if role != "assistant":
-                self.fail(f"{path}.tool_calls", "only assistant messages may have tool_calls")
-            self.tool_calls(msg["tool_calls"], f"{path}.tool_calls")
-        content = msg.get("content")
-        if has_tool_calls and (content is None or content == ""):
-            pass  # an assistant turn that only calls tools
-        elif "content" not in msg:
-            self.fail(
-                f"{path}.content",
-                "missing"
-                + (" (an assistant message needs content or tool_calls)" if role == "assistant" else ""),
-            )
-        else:
-            self.content(content, f"{path}.content")
-        if "weight" in msg:
-            weight = msg["weight"]
-            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight not in (0, 1):
-                self.fail(f"{path}.weight", f"must be 0 or 1, got {_short(weight)}")
-        for key in ("name", "tool_call_id"):
-            if key in msg and msg[key] is not None and not isinstance(msg[key], str):
-                self.fail(f"{path}.{key}", f"expected a string, got {_json_type(msg[key])}")
-        return msg
-
-    def messages(self, value: object, path: str) -> list[dict[str, Any]]:
-        items = self.array(value, path)
-        return [self.message(raw, f"{path}[{i}]") for i, raw in enumerate(items)]
+    def read(self, read: Callable[[], _T]) -> _T:
+        """``read()``, with a ``RowProblem`` (a malformed chat row) failing this line."""
+        try:
+            return read()
+        except RowProblem as exc:
+            self.fail(exc.field, exc.message)
 
     # -- formats ------------------------------------------------------------------------------------------
 
     def chat(self, example: dict[str, Any]) -> None:
-        msgs = self.messages(example["messages"], "messages")
-        assistants = [m for m in msgs if m["role"] == "assistant"]
+        chat = self.read(lambda: read_chat(example["messages"], "messages", tools_from=example))
+        assistants = [i for i, m in enumerate(chat.messages) if m["role"] == "assistant"]
         if not assistants:
             self.fail("messages", "no assistant message (a chat example needs at least one)")
-        if all(m.get("weight", 1) == 0 for m in assistants):
+        if not any(chat.weights[i] for i in assistants):
             self.fail("messages", "no assistant message with weight 1")
 
     def prompt_only(self, example: dict[str, Any]) -> None:
         if "messages" in example:
-            msgs = self.messages(example["messages"], "messages")
-            if msgs[-1]["role"] == "assistant":
+            chat = self.read(lambda: read_chat(example["messages"], "messages", tools_from=example))
+            if chat.messages[-1]["role"] == "assistant":
                 self.fail(
-                    f"messages[{len(msgs) - 1}].role",
+                    f"messages[{len(chat.messages) - 1}].role",
                     "the last message of a prompt must not be from the assistant",
                 )
         else:
             self.string(example["prompt"], "prompt")
 
     def prompt_completion(self, example: dict[str, Any]) -> None:
-        self.string(self.require(example, "prompt", "prompt"), "prompt", non_empty=False)
-        self.string(self.require(example, "completion", "completion"), "completion")
+        completion = self.require(example, "completion", "completion")
+        read = self.read(
+            lambda: prompt_and_completions(example["prompt"], {"completion": completion}, tools_from=example)
+        )
+        if read is None:
+            self.string(example["prompt"], "prompt", non_empty=False)
+            self.string(completion, "completion")
 
     def text(self, example: dict[str, Any]) -> None:
         self.string(example["text"], "text")
-
-    def string_or_messages(self, value: object, path: str) -> None:
-        if isinstance(value, str):
-            self.string(value, path)
-        elif isinstance(value, list):
-            self.messages(value, path)
-        else:
-            self.fail(path, f"expected a non-empty string or a list of messages, got {_json_type(value)}")
-
-    def assistant_messages(self, value: object, path: str) -> None:
-        for i, msg in enumerate(self.messages(value, path)):
-            if msg["role"] != "assistant":
-                self.fail(f"{path}[{i}].role", f"expected 'assistant', got {_short(msg['role'])}")
 
     def unpaired_preference(self, example: dict[str, Any]) -> None:
         label = self.require(example, "label", "label")
         if not isinstance(label, bool):
             self.fail("label", f"expected true or false, got {_json_type(label)}")
-        if "messages" in example and "prompt" not in example:
-            msgs = self.messages(example["messages"], "messages")
-            last = len(msgs) - 1
-            if msgs[last]["role"] != "assistant":
-                self.fail(
-                    f"messages[{last}].role", "the last message must be the assistant's judged completion"
-                )
-            if last == 0:
-                self.fail("messages", "needs the prompt's messages before the assistant's completion")
-            return
-        self.string_or_messages(self.require(example, "prompt", "prompt"), "prompt")
-        completion = self.require(example, "completion", "completion")
-        if isinstance(completion, list):
-            self.assistant_messages(completion, "completion")
-        else:
-            self.string_or_messages(completion, "completion")
+        messages_shape = "messages" in example and "prompt" not in example
+        read = self.read(lambda: unpaired_example(example, messages_shape=messages_shape))
+        if read is None:
+            self.string(example["prompt"], "prompt")
+            self.string(example["completion"], "completion")
 
     def preference(self, example: dict[str, Any]) -> None:
-        if "preferred_output" in example or "non_preferred_output" in example:
-            inp = self.obj(self.require(example, "input", "input"), "input")
-            self.messages(self.require(inp, "messages", "input.messages"), "input.messages")
-            for key in ("preferred_output", "non_preferred_output"):
-                self.assistant_messages(self.require(example, key, key), key)
-        else:
+        openai_shape = "preferred_output" in example or "non_preferred_output" in example
+        if self.read(lambda: preference_pair(example, openai_shape=openai_shape)) is None:
             for key in ("prompt", "chosen", "rejected"):
-                self.string_or_messages(self.require(example, key, key), key)
+                self.string(example[key], key)
 
 
 def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Line) -> FileFormat:

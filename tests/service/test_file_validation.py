@@ -200,7 +200,7 @@ def test_unknown_role() -> None:
     exc = chat_error(user(), {"role": "bot", "content": "x"})
     assert str(exc) == (
         "line 2: field 'messages[1].role': unknown role 'bot' "
-        "(expected system, developer, user, assistant, tool)"
+        "(expected system, developer, user, assistant, tool, function)"
     )
     assert_error(exc, 2, "messages[1].role")
 
@@ -325,9 +325,13 @@ def test_prompt_completion_fields() -> None:
     assert_error(error(jl(PC, {"prompt": "p"})), 2, "completion", "missing")
     assert_error(error(jl(PC, {"prompt": "p", "completion": ""})), 2, "completion", "non-empty")
     assert_error(
-        error(jl(PC, {"prompt": 1, "completion": "c"})), 2, "prompt", "expected a string, got number"
+        error(jl(PC, {"prompt": 1, "completion": "c"})),
+        2,
+        "prompt",
+        "expected a non-empty string or a list of messages, got number",
     )
-    assert_error(error(jl({"prompt": "p", "completion": ["c"]})), 1, "completion", "got array")
+    # a conversational prompt/completion row (TRL's): message lists, checked as chat rows
+    assert_error(error(jl({"prompt": "p", "completion": ["c"]})), 1, "completion[0]", "expected an object")
 
 
 def test_prompt_completion_allows_empty_prompt() -> None:
@@ -799,11 +803,11 @@ EXACT_ERRORS: dict[str, tuple[list[Any], int, str | None, str]] = {
         "prompt",
         "line 1: field 'prompt': expected a non-empty string or a list of messages, got number",
     ),
-    "a prompt is a string": (
+    "a prompt is a string or messages": (
         [PC, {"prompt": None, "completion": "c"}],
         2,
         "prompt",
-        "line 2: field 'prompt': expected a string, got null",
+        "line 2: field 'prompt': expected a non-empty string or a list of messages, got null",
     ),
     "a chat example needs an assistant message": (
         [CHAT, {"messages": [user(), user()]}],

@@ -27,7 +27,9 @@ TRUNCATED_LINES_SHOWN = 10
 class FileStats:
     examples: int = 0  # rows of the file
     sequences_per_example: int = 1  # a preference pair: 2
-    trained_examples: int = 0  # rows with a trainable token left after truncation
+    # the examples the loop batches with a trainable token left after truncation: rows, or for an SFT
+    # conversation its template renders in several sequences, each sequence
+    trained_examples: int = 0
     # every input token of the trained examples: what the loop counts as `trained_tokens` (OpenAI's sense)
     tokens_per_epoch: int = 0
     loss_tokens_per_epoch: int = 0  # the loss positions
@@ -105,8 +107,12 @@ def sft_file_stats(
 ) -> FileStats:
     """Walk every row of an SFT file once; ``DataError`` as training would raise it on a malformed row."""
     stats = FileStats(batch_size=batch_size)
+    last_line = 0
     for line, full in untruncated_examples(rows, tokenizer, param=param):
-        stats.examples += 1
+        # a conversation whose template renders earlier turns differently trains as several sequences
+        # (trainers.data.chat): each is an example of the loop's batches, the row is one of the file's
+        stats.examples += line != last_line
+        last_line = line
         if len(full.input_ids) > max_length:
             stats.count_cut(line)
         example = truncated(full, max_length)

@@ -28,7 +28,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.chat.pairs import preference_pair
 from trainers.core.errors import DataError
+from trainers.data.chat import conversation_texts, read_errors
 from trainers.data.example_store import ExampleStore, ExampleWriter
 from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 from trainers.data.sft import _bos_text, _eos_text, first_row_kind, row_errors, rows_of_kind
@@ -42,7 +44,6 @@ __all__ = [
     "collate_preferences",
     "encode_prompt_completion",
     "pad_sequences",
-    "prompt_completion_texts",
     "stack_rows",
     "tokenize_preference_rows",
     "tokenized_pairs",
@@ -296,86 +297,14 @@ def collate_preferences(
 def _texts(
     row: Mapping[str, Any], shape: Shape | None, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
 ) -> tuple[str, str, str]:
-    """(prompt, chosen completion, rejected completion) as text."""
-    if shape is Shape.OPENAI_PREFERENCE:
-        source = row["input"]
-        if not isinstance(source, Mapping):
-            raise DataError('"input" must be an object with "messages"')
-        prompt: Any = source.get("messages")
-        chosen: Any = row["preferred_output"]
-        rejected: Any = row["non_preferred_output"]
-        for name, value in (("input.messages", prompt), ("preferred_output", chosen)):
-            if not isinstance(value, list):
-                raise DataError(f'"{name}" must be a list of messages')
-        if not isinstance(rejected, list):
-            raise DataError('"non_preferred_output" must be a list of messages')
-    else:
-        prompt, chosen, rejected = row["prompt"], row["chosen"], row["rejected"]
-    prompt_text, (chosen_text, rejected_text) = prompt_completion_texts(
-        tokenizer, prompt, {"chosen": chosen, "rejected": rejected}, bos=bos, eos=eos
-    )
+    """(prompt, chosen completion, rejected completion) as text: a text pair's strings with BOS and EOS,
+    or the conversations rendered by the chat template (``trainers.chat.pairs``)."""
+    with read_errors():
+        read = preference_pair(row, openai_shape=shape is Shape.OPENAI_PREFERENCE)
+    if read is None:
+        return bos + row["prompt"], row["chosen"] + eos, row["rejected"] + eos
+    prompt_text, (chosen_text, rejected_text) = conversation_texts(tokenizer, read)
     return prompt_text, chosen_text, rejected_text
-
-
-def prompt_completion_texts(
-    tokenizer: PreTrainedTokenizerBase, prompt: Any, completions: Mapping[str, Any], *, bos: str, eos: str
-) -> tuple[str, list[str]]:
-    """The prompt's text and each completion's (``completions``: field name -> value), as training reads
-    them: all strings give ``BOS + prompt`` and ``completion + EOS``; when any is a message list, the
-    prompt is rendered with the chat template and its generation prompt, and each completion is what
-    rendering prompt + completion adds (a string there is a user prompt or an assistant answer)."""
-    if not any(isinstance(v, list) for v in (prompt, *completions.values())):
-        _require_str(prompt, "prompt")
-        return bos + prompt, [_require_str(value, name) + eos for name, value in completions.items()]
-    prompt_msgs = _messages(prompt, "prompt", default_role="user")
-    if not prompt_msgs:
-        raise DataError("the prompt must have at least one message")
-    prompt_text = _render(tokenizer, prompt_msgs, generation_prompt=True)
-    texts = [
-        _completion(
-            tokenizer, prompt_msgs, prompt_text, _messages(value, name, default_role="assistant"), name
-        )
-        for name, value in completions.items()
-    ]
-    return prompt_text, texts
-
-
-def _completion(
-    tokenizer: PreTrainedTokenizerBase,
-    prompt_msgs: list[dict[str, str]],
-    prompt_text: str,
-    completion_msgs: list[dict[str, str]],
-    name: str,
-) -> str:
-    if not completion_msgs:
-        raise DataError(f'"{name}" must have at least one message')
-    full = _render(tokenizer, [*prompt_msgs, *completion_msgs], generation_prompt=False)
-    if not full.startswith(prompt_text):
-        raise RuntimeError("the chat template does not render conversations incrementally")
-    return full[len(prompt_text) :]
-
-
-def _messages(value: Any, name: str, *, default_role: str) -> list[dict[str, str]]:
-    if isinstance(value, str):
-        return [{"role": default_role, "content": value}]
-    if not isinstance(value, list):
-        raise DataError(f'"{name}" must be a string or a list of messages')
-    out: list[dict[str, str]] = []
-    for i, message in enumerate(value):
-        if not isinstance(message, Mapping):
-            raise DataError(f"{name}[{i}] must be an object")
-        role = _require_str(message.get("role"), f"{name}[{i}].role")
-        content = _require_str(message.get("content"), f"{name}[{i}].content")
-        out.append({"role": role, "content": content})
-    return out
-
-
-def _render(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], *, generation_prompt: bool
-) -> str:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    assert isinstance(text, str)
-    return text
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -390,9 +319,3 @@ def _margin(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise DataError('"margin" must be a finite number')
     return float(value)
-
-
-def _require_str(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise DataError(f'"{name}" must be a string')
-    return value

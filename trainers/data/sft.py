@@ -3,16 +3,17 @@
 Three row formats (``trainers.formats``: the rule the upload validator uses too), detected from the first
 row and required of every row:
 
-- chat ``{"messages": [...]}``: loss on assistant turns only; an assistant message with ``"weight": 0``
-  gets no loss. The trainable spans are found by rendering the chat template incrementally (the prompt
-  up to turn *i* with a generation prompt, then up to and including turn *i*), so any template whose
-  renderings of successive prefixes extend one another works, with or without ``{% generation %}``.
+- chat ``{"messages": [...], "tools": [...]}`` (OpenAI's chat row, ``trainers.chat.rows``): rendered by
+  the model's own chat template with everything it holds (tool calls, tool results, reasoning, the
+  tools' schemas); loss on the assistant turns with weight 1 (the default), each exactly as the model
+  produces it at inference time. A conversation whose template renders earlier turns differently once
+  later ones follow trains as several sequences, one per such turn (``trainers.data.chat`` says how).
 - ``{"prompt", "completion"}``: loss on the completion (plus EOS) only. Message lists are accepted too
   and treated as a chat whose prompt turns carry no loss.
 - ``{"text"}``: loss on every token (plus EOS), for continued pre-training.
 
 Each segment is tokenized on its own, so a prompt is tokenized exactly as it is at inference time.
-Examples are truncated to ``max_length``; those left with no trainable token are dropped.
+Examples (sequences) are truncated to ``max_length``; those left with no trainable token are dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import Any
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
+from trainers.chat.rows import continue_chat, read_chat
 from trainers.core.errors import DataError
+from trainers.data.chat import Segment, read_errors, training_sequences
 from trainers.data.example_store import ExampleStore, ExampleWriter
 from trainers.formats import SFT_FORMATS, FileFormat, Shape, detect, shape
 
@@ -40,9 +43,6 @@ class TokenizedExample:
     @property
     def n_trainable(self) -> int:
         return sum(self.loss_mask[1:])  # the first token has no context, so it is never a target
-
-
-Segment = tuple[str, bool]  # (text, trainable)
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,9 @@ def untruncated_examples(
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     for line, row in rows_of_kind(rows, kind, param=param):
         with row_errors(line, kind, param=param):
-            yield line, _tokenize(_segments(row, kind.format, tokenizer, bos, eos), tokenizer)
+            sequences = _sequences(row, kind.format, tokenizer, bos, eos)
+        for segments in sequences:
+            yield line, _tokenize(segments, tokenizer)
 
 
 def truncated(example: TokenizedExample, max_length: int) -> TokenizedExample:
@@ -139,55 +141,27 @@ def truncated(example: TokenizedExample, max_length: int) -> TokenizedExample:
     return TokenizedExample(example.input_ids[:max_length], example.loss_mask[:max_length])
 
 
-def _segments(
+def _sequences(
     row: Mapping[str, Any], fmt: FileFormat, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
-) -> list[Segment]:
+) -> list[list[Segment]]:
+    """The row's training sequences as (text, trainable) segments: one, or for a chat whose template
+    renders earlier turns differently once later ones follow, one per such turn."""
     if fmt is FileFormat.CHAT:
-        return chat_segments(row["messages"], tokenizer)
+        with read_errors():
+            chat = read_chat(row["messages"], "messages", tools_from=row)
+        return training_sequences(tokenizer, chat)
     if fmt is FileFormat.TEXT:
-        return [(bos, False), (_require_str(row["text"], "text") + eos, True)]
+        return [[(bos, False), (_require_str(row["text"], "text") + eos, True)]]
     prompt, completion = row["prompt"], row["completion"]
     if isinstance(prompt, list) and isinstance(completion, list):
-        silent = [{**m, "weight": 0} if m.get("role") == "assistant" else m for m in prompt]
-        return chat_segments([*silent, *completion], tokenizer)
+        with read_errors():
+            context = read_chat(prompt, "prompt", tools_from=row)
+            context.weights = [0] * len(context.weights)  # the prompt's turns carry no loss
+            chat = continue_chat(context, completion, "completion")
+        return training_sequences(tokenizer, chat)
     prompt = _require_str(prompt, "prompt")
     completion = _require_str(completion, "completion")
-    return [(bos + prompt, False), (completion + eos, True)]
-
-
-def chat_segments(messages: Any, tokenizer: PreTrainedTokenizerBase) -> list[Segment]:
-    """Split the rendered conversation into (text, trainable) spans; assistant turns with weight 1 train."""
-    if not isinstance(messages, list) or not messages:
-        raise DataError('"messages" must be a non-empty list')
-    plain: list[dict[str, str]] = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise DataError(f"messages[{i}] must be an object")
-        role = _require_str(message.get("role"), f"messages[{i}].role")
-        content = _require_str(message.get("content"), f"messages[{i}].content")
-        if message.get("weight", 1) not in (0, 1):
-            raise DataError(f"messages[{i}].weight must be 0 or 1")
-        plain.append({"role": role, "content": content})
-
-    def render(msgs: list[dict[str, str]], generation_prompt: bool = False) -> str:
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
-        assert isinstance(text, str)
-        return text
-
-    full = render(plain)
-    segments: list[Segment] = []
-    done = 0  # characters of `full` already assigned to a segment
-    for i, message in enumerate(messages):
-        if plain[i]["role"] != "assistant":
-            continue
-        start, end = len(render(plain[:i], generation_prompt=True)), len(render(plain[: i + 1]))
-        if not (done <= start <= end and full.startswith(render(plain[: i + 1]))):
-            # A template that rewrites earlier turns (e.g. drops past reasoning) breaks prefix rendering.
-            raise RuntimeError("the chat template does not render conversations incrementally")
-        segments += [(full[done:start], False), (full[start:end], message.get("weight", 1) == 1)]
-        done = end
-    segments.append((full[done:], False))
-    return segments
+    return [[(bos + prompt, False), (completion + eos, True)]]
 
 
 def _tokenize(segments: list[Segment], tokenizer: PreTrainedTokenizerBase) -> TokenizedExample:

@@ -31,14 +31,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.chat.pairs import unpaired_example
 from trainers.core.errors import DataError
+from trainers.data.chat import conversation_texts, read_errors
 from trainers.data.example_store import ExampleStore, ExampleWriter
 from trainers.data.packing import PackedLayout
 from trainers.data.preference import (
     SequenceRows,
     _encode,
     pad_sequences,
-    prompt_completion_texts,
     tokenize_preference_rows,
 )
 from trainers.data.sft import _bos_text, _eos_text, first_row_kind, row_errors, rows_of_kind
@@ -96,10 +97,12 @@ def tokenize_unpaired_rows(
             label = row.get("label")  # a row without one is unpaired feedback missing its label
             if not isinstance(label, bool):
                 raise DataError('"label" must be true or false')
-            prompt, completion = _prompt_and_completion(row, kind.shape)
-            prompt_text, [completion_text] = prompt_completion_texts(
-                tokenizer, prompt, {"completion": completion}, bos=bos, eos=eos
-            )
+            with read_errors():
+                read = unpaired_example(row, messages_shape=kind.shape is Shape.MESSAGES_LABEL)
+            if read is None:
+                prompt_text, completion_text = bos + row["prompt"], row["completion"] + eos
+            else:
+                prompt_text, [completion_text] = conversation_texts(tokenizer, read)
         prompt_ids, completion_ids = _encode(tokenizer, prompt_text), _encode(tokenizer, completion_text)
         if not completion_ids:
             raise DataError(f"line {line}: the completion must not be empty", param=param)
@@ -119,18 +122,6 @@ def tokenize_unpaired_rows(
             )
         raise DataError("no usable row", param=param)  # pragma: no cover (rows is non-empty)
     return examples.finish()
-
-
-def _prompt_and_completion(row: Mapping[str, Any], shape: Shape | None) -> tuple[Any, Any]:
-    if shape is Shape.PROMPT_COMPLETION_LABEL:
-        return row["prompt"], row["completion"]
-    messages = row["messages"]
-    if not isinstance(messages, list) or len(messages) < 2:
-        raise DataError('"messages" must list the prompt and then the assistant\'s completion')
-    last = messages[-1]
-    if not isinstance(last, Mapping) or last.get("role") != "assistant":
-        raise DataError(f"messages[{len(messages) - 1}] must be the assistant's completion")
-    return messages[:-1], [last]
 
 
 # -- batches ------------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """Rollouts for the online methods (GRPO, PPO, RLOO, online DPO): prompts from RL rows, batched sampling,
 per-token log-probs, and the micro-batches and step-preparer base they share.
 
-RL rows are ``{"messages": [...]}`` (rendered with the chat template and its generation prompt) or
-``{"prompt": str}``; every other field is a column handed to the reward functions. ``generate_rollout``
-samples ``num_generations`` completions per prompt in one ``model.generate`` call (KV cache, prompts
-left-padded, stop at EOS), seeded so that a resumed run draws the same completions. A completion's mask
-covers its tokens up to and including EOS; a completion without EOS is ``truncated``.
+RL rows are ``{"messages": [...], "tools": [...]}`` (OpenAI's chat row, ``trainers.chat.rows``, rendered with
+the chat template, the row's tools and its generation prompt) or ``{"prompt": str}``; every other field is a
+column handed to the reward functions. ``generate_rollout`` samples ``num_generations`` completions per prompt
+in one ``model.generate`` call (KV cache, prompts left-padded, stop at EOS), seeded so that a resumed run
+draws the same completions. A completion's mask covers its tokens up to and including EOS; a completion
+without EOS is ``truncated``.
 
 ``completion_logps`` gives log p(o_t | q, o_<t) of each completion token under a model, with logits
 divided by the sampling temperature, as the policy-gradient losses need. Where the model's decoder runs
@@ -26,16 +27,17 @@ from typing import Any, Generic, NoReturn, Self, TypeVar
 
 import torch
 import torch.nn.functional as F
-from jinja2 import TemplateError
 from peft import PeftModel
 from transformers import LogitsProcessorList, PreTrainedTokenizerBase
 
+from trainers.chat.rows import read_chat
 from trainers.core import distributed as dist
 from trainers.core.errors import DataError
 from trainers.core.loop import PreparedStep
+from trainers.data.chat import prompt_text, read_errors
 from trainers.data.example_store import ExampleWriter
 from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
-from trainers.data.sft import _bos_text, first_row_kind, rows_of_kind
+from trainers.data.sft import _bos_text, first_row_kind, row_errors, rows_of_kind
 from trainers.formats import FileFormat, Shape
 from trainers.kernels.merged_lora import merged_lora
 from trainers.modeling.generation import SamplingProcessor, contiguous_head_input
@@ -71,14 +73,10 @@ def tokenize_rl_rows(
     prompts = ExampleWriter(RLPrompt)
     for line, row in rows_of_kind(rows, kind, param=param):
         if kind.shape is Shape.MESSAGES:
-            messages = row["messages"]
-            if not isinstance(messages, list) or not messages:
-                raise DataError(f'line {line}: "messages" must be a non-empty list', param=param)
-            try:
-                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            except (TypeError, KeyError, TemplateError) as exc:
-                raise DataError(f"line {line}: malformed messages ({exc})", param=param) from exc
-            assert isinstance(text, str)
+            with row_errors(line, kind, param=param), read_errors():
+                chat = read_chat(row["messages"], "messages", tools_from=row)
+                chat.weights = [0] * len(chat.weights)  # a prompt is context only
+                text = prompt_text(tokenizer, chat)  # with the row's tools, where the template puts them
             columns = {k: v for k, v in row.items() if k != "messages"}
         elif isinstance(row.get("prompt"), str):
             text = bos + row["prompt"]

@@ -200,7 +200,7 @@ def test_kl_rows_pair_each_prompt_with_the_previous_completion(tokenizer: PreTra
         # once the file is unpaired feedback, a row without its label is one missing it (trainers.formats)
         ({"prompt": "x", "completion": "y"}, 'line 2: "label" must be true or false'),
         ({"messages": [{"role": "user", "content": "x"}], "label": True}, "line 2: every row must have"),
-        ({"prompt": "x", "completion": 3, "label": True}, 'line 2: "completion" must be a string'),
+        ({"prompt": "x", "completion": 3, "label": True}, "line 2: field 'completion': expected a non-empty"),
     ],
 )
 def test_malformed_rows_name_the_line(
@@ -213,7 +213,8 @@ def test_malformed_rows_name_the_line(
         "messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}],
         "label": True,
     }
-    with pytest.raises(DataError, match=r"line 1: messages\[1\] must be the assistant's completion"):
+    judged = r"line 1: field 'messages\[1\].role': the last message must be the assistant's judged"
+    with pytest.raises(DataError, match=judged):
         tokenize_unpaired_rows([bad_chat], tokenizer, max_length=64)
 
 
