@@ -5,7 +5,10 @@ settings, never a session or an object. The worker answers on the request's repl
 (service/inference/replies.py) with, in order:
 
 - `{"type": "start", "prompt_tokens": P}` once the model is loaded and the prompt tokenized;
-- `{"type": "delta", "choices": [[index, text, finish_reason | null], ...]}` per decoding step;
+- `{"type": "delta", "choices": [[index, piece | null, finish_reason | null], ...]}` per decoding step,
+  where a piece is one of `{"content": text}`, `{"reasoning_content": text}` or `{"tool_call": {"index",
+  "id", "name", "arguments"}}` (a whole call, its arguments a JSON object's text), in the order the model
+  wrote them, and a choice's finish reason comes with its last entry (`tool_calls` where it called a tool);
 - `{"type": "done", "completion_tokens": C}`;
 - or at any point `{"type": "error", "status": 400|404|500, "message", "param", "code"}`.
 """
@@ -28,7 +31,12 @@ class InferenceTask(BaseModel):
     request_id: str
     weights: ModelWeights
     kind: Literal["chat", "text"]
-    messages: list[dict[str, Any]] | None = None  # kind == "chat": role + plain-text content
+    # kind == "chat": the messages and tools as chat templates read them (trainers.chat.rows.read_chat)
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required", "function"] = "none"
+    tool_name: str | None = None  # the function a "function" tool_choice names
+    single_tool_call: bool = False  # end each choice at its first call (parallel_tool_calls false, functions)
     prompt: str | None = None  # kind == "text"
     max_tokens: int
     temperature: float
