@@ -11,7 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from trainers.rewards.formula import FormulaError, parse_formula
 
-TEMPLATE_HELP = "use {{sample.output_text}} for the completion and {{item.<field>}} for a column of the row"
+TEMPLATE_HELP = (
+    "use {{sample.output_text}} for the completion's content, {{sample.output_tools}} for its tool calls "
+    "(e.g. {{sample.output_tools[0].function.name}}) and {{item.<field>}} for a column of the row"
+)
 
 
 class _Grader(BaseModel):

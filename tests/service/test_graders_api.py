@@ -287,3 +287,15 @@ def test_a_run_grades_in_a_child_under_the_python_graders_limits() -> None:
             assert _rss_kb(proc.pid) - rss_before < 50_000, "the API process grew: it graded in itself"
     finally:
         _stop(proc)
+
+
+def test_a_grader_on_the_sampled_tool_calls_runs_on_a_text_sample(client: httpx.Client) -> None:
+    """``{{sample.output_tools[0].function.name}}`` (OpenAI's way to grade a tool call) validates; a
+    ``model_sample`` is text, a reply without calls, so the call's name reads as nothing."""
+    called = {**EXACT, "input": "{{sample.output_tools[0].function.name}}", "reference": "get_weather"}
+    assert client.post(VALIDATE, json={"grader": called}).status_code == 200
+    run = client.post(RUN, json={"grader": called, "model_sample": "get_weather"})
+    assert run.status_code == 200, run.text
+    assert run.json()["reward"] == 0.0
+    bad = {**called, "input": "{{sample.output_json}}"}
+    assert _error(client.post(VALIDATE, json={"grader": bad}))["param"] == "grader.input"

@@ -16,10 +16,13 @@ list of them plus optional weights. ``build_grader`` turns an OpenAI-shaped grad
   operator passes ``allow_python=True``, run in a separate isolated process (``python -I``) per batch,
   under a wall-time and an address-space limit.
 
-Templates: ``{{sample.output_text}}`` is the completion, ``{{item.FIELD}}`` a column of the row (dotted
-paths reach into objects); text without ``{{...}}`` is a literal. ``validate_grader`` checks a spec
-without running anything (the API calls it when a job is created); ``GraderError.param`` names the
-offending field, e.g. ``"grader.graders.a.operation"``.
+Templates: ``{{sample.output_text}}`` is the completion's content (without its reasoning or tool-call
+markup), ``{{sample.output_tools}}`` its tool calls as a chat completion's ``tool_calls``
+(``trainers.rewards.samples``; ``{{sample.output_tools[0].function.name}}``, empty where the completion
+calls no tool), ``{{item.FIELD}}`` a column of the row; dotted paths reach into objects and ``[i]`` into
+lists, a value that is not a string is written as JSON; text without ``{{...}}`` is a literal.
+``validate_grader`` checks a spec without running anything (the API calls it when a job is created);
+``GraderError.param`` names the offending field, e.g. ``"grader.graders.a.operation"``.
 
     python -c "from trainers.rewards.graders import build_grader; g = build_grader({'type': 'string_check',
     'name': 'n', 'operation': 'like', 'input': '{{sample.output_text}}', 'reference': 'Lima'});
@@ -43,6 +46,7 @@ from typing import Any, Protocol
 from trainers.core.errors import DataError
 from trainers.rewards import formula as formula_checker
 from trainers.rewards.formula import eval_formula
+from trainers.rewards.samples import SAMPLE_FIELDS, sample_namespace
 
 __all__ = [
     "GRADER_TYPES",
@@ -58,7 +62,8 @@ __all__ = [
 GRADER_TYPES = ("string_check", "text_similarity", "score_model", "multi", "python")
 STRING_OPERATIONS = ("eq", "ne", "like", "ilike")
 SIMILARITY_METRICS = ("fuzzy_match", "bleu")
-_TEMPLATE = re.compile(r"\{\{\s*(sample|item)\.([A-Za-z0-9_.\-]+)\s*\}\}")
+_TEMPLATE = re.compile(r"\{\{\s*(sample|item)\.([A-Za-z0-9_.\-]+(?:\[\d+\][A-Za-z0-9_.\-]*)*)\s*\}\}")
+_PATH_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
 _BRACED = re.compile(r"\{\{.*?\}\}")
 
 
@@ -87,26 +92,50 @@ def reward_name(func: Callable[..., Any], index: int) -> str:
 
 
 # -- templates ----------------------------------------------------------------------------------------
+def path_parts(path: str) -> list[str | int]:
+    """A template variable's path as keys and list indexes.
+
+    >>> path_parts("output_tools[0].function.name")
+    ['output_tools', 0, 'function', 'name']
+    """
+    return [int(index) if index else key for index, key in _PATH_PART.findall(path)]
+
+
+def lookup(value: Any, path: str) -> tuple[bool, Any]:
+    """(whether ``path`` reaches something in ``value``, what it reaches)."""
+    for part in path_parts(path):
+        in_list = isinstance(value, list) and isinstance(part, int) and part < len(value)
+        if not in_list and not (isinstance(value, Mapping) and part in value):
+            return False, None
+        value = value[part]
+    return True, value
+
+
 def render(template: str, completion: str, item: Mapping[str, Any], *, param: str) -> str:
-    """Substitute ``{{sample.output_text}}`` and ``{{item.FIELD}}`` in ``template``.
+    """Substitute ``{{sample.*}}`` and ``{{item.*}}`` in ``template``.
 
     >>> render("{{ item.answer }}!", "x", {"answer": "Lima"}, param="p")
     'Lima!'
     >>> render("{{sample.output_text}}", "It is Lima", {}, param="p")
     'It is Lima'
+    >>> render("[{{sample.output_tools[0].function.name}}]", "It is Lima", {}, param="p")
+    '[]'
     """
+    sample: dict[str, Any] | None = None
 
     def substitute(match: re.Match[str]) -> str:
+        nonlocal sample
         scope, path = match.group(1), match.group(2)
         if scope == "sample":
-            if path != "output_text":
+            if path_parts(path)[0] not in SAMPLE_FIELDS:
                 raise GraderError(f"unknown template variable sample.{path}", param)
-            return completion
-        value: Any = item
-        for key in path.split("."):
-            if not isinstance(value, Mapping) or key not in value:
-                raise GraderError(f"the row has no field item.{path}", param)
-            value = value[key]
+            sample = sample_namespace(completion) if sample is None else sample
+            # what the sample lacks (a tool call it did not make) reads as nothing: it scores, not fails
+            found, value = lookup(sample, path)
+            return "" if not found else value if isinstance(value, str) else json.dumps(value)
+        found, value = lookup(item, path)
+        if not found:
+            raise GraderError(f"the row has no field item.{path}", param)
         return value if isinstance(value, str) else json.dumps(value)
 
     return _TEMPLATE.sub(substitute, template)
@@ -309,9 +338,10 @@ reply({"scores": scores})
 class PythonGrader:
     """Tenant code ``def grade(sample, item) -> float`` run in one isolated child process per batch.
 
-    ``sample`` is ``{"output_text": completion}``, ``item`` the row's columns. The child runs under
-    ``python -I`` in an empty folder with an empty environment and ``RLIMIT_AS`` of ``memory_mb``; it is
-    killed after ``timeout`` seconds. Any failure raises ``GraderError``, which fails the job.
+    ``sample`` is the completion's ``{"output_text", "output_tools"}`` (``trainers.rewards.samples``),
+    ``item`` the row's columns. The child runs under ``python -I`` in an empty folder with an empty
+    environment and ``RLIMIT_AS`` of ``memory_mb``; it is killed after ``timeout`` seconds. Any failure
+    raises ``GraderError``, which fails the job.
 
     >>> source = "def grade(sample, item):\\n    return len(sample['output_text'])"
     >>> grader = PythonGrader("length", source, timeout=30, memory_mb=1024)
@@ -334,7 +364,7 @@ class PythonGrader:
     def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
         payload = {
             "source": self.source,
-            "samples": [{"output_text": c} for c in completions],
+            "samples": [sample_namespace(c) for c in completions],
             "items": _items(len(completions), columns),
         }
         command = [sys.executable, "-I", "-c", _RUNNER, str(self.memory_mb << 20)]
@@ -394,14 +424,18 @@ def validate_grader(spec: Any, *, param: str = "grader", allow_python: bool = Tr
         for key in ("input", "reference"):
             value = _require(spec, key, param)
             for match in _TEMPLATE.finditer(value):
-                if match.group(1) == "sample" and match.group(2) != "output_text":
-                    raise GraderError(f"unknown template variable sample.{match.group(2)}", f"{param}.{key}")
+                if match.group(1) == "sample" and path_parts(match.group(2))[0] not in SAMPLE_FIELDS:
+                    known = ", ".join(f"sample.{f}" for f in SAMPLE_FIELDS)
+                    raise GraderError(
+                        f"unknown template variable sample.{match.group(2)} (known: {known})",
+                        f"{param}.{key}",
+                    )
             # a `{{...}}` that is not a variable would be compared as literal text: surely a typo
             for braced in _BRACED.findall(value):
                 if not _TEMPLATE.fullmatch(braced):
                     raise GraderError(
-                        f"{braced} is not a template variable; use {{{{sample.output_text}}}} or "
-                        "{{item.<field>}}",
+                        f"{braced} is not a template variable; use {{{{sample.output_text}}}}, "
+                        "{{sample.output_tools}} or {{item.<field>}}",
                         f"{param}.{key}",
                     )
     if kind == "string_check" and spec.get("operation") not in STRING_OPERATIONS:

@@ -226,6 +226,7 @@ def test_multi_formula_is_restricted(formula: str, message: str) -> None:
 SC = {"type": "string_check", "name": "x", "operation": "eq", "input": OUT, "reference": "a"}
 TS = {"type": "text_similarity", "name": "x", "input": OUT, "reference": "a", "evaluation_metric": "bleu"}
 SUB = {"type": "multi", "graders": {"a": SC}, "calculate_output": "a"}
+KNOWN = "(known: sample.output_text, sample.output_tools)"
 
 
 @pytest.mark.parametrize(
@@ -240,11 +241,16 @@ SUB = {"type": "multi", "graders": {"a": SC}, "calculate_output": "a"}
         ({**SC, "name": ""}, "name must be a non-empty string", "g.name"),
         ({**SC, "name": 3}, "name must be a non-empty string", "g.name"),
         ({**SC, "reference": None}, "reference must be a non-empty string", "g.reference"),
-        ({**SC, "input": "{{sample.text}}"}, "unknown template variable sample.text", "g.input"),
-        ({**TS, "reference": "{{sample.answer}}"}, "unknown template variable sample.answer", "g.reference"),
+        ({**SC, "input": "{{sample.text}}"}, f"unknown template variable sample.text {KNOWN}", "g.input"),
+        (
+            {**TS, "reference": "{{sample.answer}}"},
+            f"unknown template variable sample.answer {KNOWN}",
+            "g.reference",
+        ),
         (
             {**TS, "input": "{{ output }}"},
-            "{{ output }} is not a template variable; use {{sample.output_text}} or {{item.<field>}}",
+            "{{ output }} is not a template variable; use {{sample.output_text}}, {{sample.output_tools}} or "
+            "{{item.<field>}}",
             "g.input",
         ),
         (
