@@ -11,19 +11,12 @@ from typing import Any
 import pytest
 
 from tests.model_families import family_tokenizer
+from tests.trainers.chat.test_reply_formats import WEATHER
 from trainers.chat.formats import ToolCall
 from trainers.chat.rows import read_chat
 from trainers.data.chat import ChatDataError, render
 from trainers.data.chat_prompt import chat_prompt
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 ASK = {"role": "user", "content": "Weather in Paris?"}
 CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
