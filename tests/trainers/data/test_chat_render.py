@@ -209,9 +209,10 @@ def test_reasoning_trains_where_the_family_puts_it(
         "<think>\nLook outside.\n</think>\n\nSunny.<|im_end|>\n",
     ]
     gptoss = trained_runs(training_sequences(with_template("gptoss"), chat_of(ROWS["reasoning"])))
+    final = "<|end|><|start|>assistant<|channel|>final<|message|>"
     assert gptoss == [
-        "<|channel|>analysis<|message|>A greeting.<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|return|>",
-        "<|channel|>analysis<|message|>Look outside.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>",
+        f"<|channel|>analysis<|message|>A greeting.{final}Hello!<|return|>",
+        f"<|channel|>analysis<|message|>Look outside.{final}Sunny.<|return|>",
     ]
 
 
@@ -309,8 +310,6 @@ def test_preference_pairs_with_tool_calls_prefer_the_call(
     [pair] = tokenize_preference_rows([row], tokenizer, max_length=1024)
     prompt, chosen = tokenizer.decode(pair.prompt_ids), tokenizer.decode(pair.chosen_ids)
     assert "The weather in a city" in prompt and prompt.endswith("<|im_start|>assistant\n")
-    assert (
-        chosen
-        == '<think>\n\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
-    )
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert chosen == f"<think>\n\n</think>\n\n{call}<|im_end|>\n"
     assert tokenizer.decode(pair.rejected_ids) == "<think>\n\n</think>\n\nNo idea.<|im_end|>\n"
