@@ -50,6 +50,10 @@ IDLE_QUEUE = "tunehouse-idle"
 IDLE = {"TUNEHOUSE_BROKER_URL": IDLE_BROKER, "TUNEHOUSE_JOB_QUEUE": IDLE_QUEUE}
 DATA_DIR = Path(tempfile.mkdtemp(prefix="tunehouse-test-"))
 MAX_UPLOAD_BYTES = 2 * 1024 * 1024
+# a base model in the operator's registry whose tokenizer carries Qwen3's real chat template (TRL's copy):
+# the stacks train and estimate chat rows with tools and reasoning on it; built by `chat_model`
+CHAT_MODEL = "tunehouse/tiny-qwen3-chat"
+CHAT_MODEL_DIR = DATA_DIR / "models" / "tiny-qwen3-chat"
 METRICS_TOKEN = "test-operator-token"
 
 os.environ.update(
@@ -60,6 +64,7 @@ os.environ.update(
         "TUNEHOUSE_DATA_DIR": str(DATA_DIR),
         "TUNEHOUSE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
         "TUNEHOUSE_METRICS_TOKEN": METRICS_TOKEN,
+        "TUNEHOUSE_MODEL_REGISTRY": json.dumps({CHAT_MODEL: str(CHAT_MODEL_DIR)}),
         "TUNEHOUSE_HEARTBEAT_SECONDS": "1",
         "TUNEHOUSE_LEASE_TIMEOUT_SECONDS": "10",
         "TUNEHOUSE_CONTROL_POLL_SECONDS": "0.2",
@@ -173,6 +178,23 @@ def start_server(
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/readyz", proc)
     return url, proc
+
+
+@pytest.fixture(scope="session")
+def chat_model() -> str:
+    """``CHAT_MODEL`` built: the tiny model with Qwen3's chat template (its name, for job bodies)."""
+    if not (CHAT_MODEL_DIR / "config.json").exists():
+        import trl
+        from transformers import AutoTokenizer
+
+        from trainers.modeling.tiny_model import build_tiny_model
+
+        build_tiny_model(CHAT_MODEL_DIR)
+        tokenizer = AutoTokenizer.from_pretrained(CHAT_MODEL_DIR)
+        template = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
+        tokenizer.chat_template = template.read_text(encoding="utf-8")
+        tokenizer.save_pretrained(CHAT_MODEL_DIR)
+    return CHAT_MODEL
 
 
 @pytest.fixture(scope="session")
