@@ -36,7 +36,7 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 docs: setup
-	$(PY) -m trainers.method_docs docs/methods.md
+	$(PY) -m trainers.method_docs
 
 # mutation check, one module at a time (slow; not in .ci/run): make mutants MODULES="trainers/methods/grpo.py"
 mutants: setup

@@ -53,6 +53,69 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """OpenAI's rule for a function's name."""
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a chat row, as docs/data-formats.md lists it (``trainers.method_docs`` renders it)."""
+
+    where: str  # "row", "message", "assistant message", "tool message"
+    name: str
+    accepts: str
+    meaning: str
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("row", "messages", "array of messages", "the conversation"),
+    Field(
+        "row",
+        "tools",
+        '`[{"type": "function", "function": {"name", "description", "parameters", "strict"}}]`',
+        "the functions the model may call; the template writes their schemas into the prompt (not trained)",
+    ),
+    Field("row", "functions", '`[{"name", "description", "parameters"}]`', "legacy: read as `tools`"),
+    Field(
+        "row",
+        "parallel_tool_calls",
+        "`true` \\| `false`",
+        "`false`: an assistant message makes at most one call",
+    ),
+    Field(
+        "message",
+        "role",
+        ", ".join(f"`{r}`" for r in ROLES),
+        "`developer` is read as `system` (OpenAI treats them alike); `function` (legacy) as `tool`",
+    ),
+    Field(
+        "message",
+        "content",
+        'string, or `[{"type": "text", "text"}]`',
+        "text parts are joined; null or empty on an assistant message that calls tools",
+    ),
+    Field("message", "name", "string", "handed to the template as it is"),
+    Field(
+        "assistant message",
+        "tool_calls",
+        '`[{"id", "type": "function", "function": {"name", "arguments"}}]`',
+        "trained; `arguments` a JSON object, as a string (OpenAI's) or an object; a missing `id` is made",
+    ),
+    Field("assistant message", "function_call", '`{"name", "arguments"}`', "legacy: read as one tool call"),
+    Field(
+        "assistant message",
+        " / ".join(REASONING_KEYS),
+        "string",
+        "the turn's reasoning, trained where the family's template writes it; or a leading "
+        "`<think>...</think>` in `content`",
+    ),
+    Field("assistant message", "weight", "`0` \\| `1`", "`0`: context only, not trained (default `1`)"),
+    Field(
+        "tool message",
+        "tool_call_id",
+        "string",
+        "the call it answers (default: the first call without a result); a `function` message answers "
+        "the latest call of its `name`",
+    ),
+)
+
 _SHOWN = 40
 
 
