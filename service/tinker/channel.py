@@ -52,7 +52,7 @@ return waiting + 1
 TAKE = """
 local tenant = redis.call('LPOP', KEYS[1])
 if not tenant then return false end
-local base = ARGV[1] .. ARGV[2] .. ':' .. tenant
+local base = ARGV[2] .. ':' .. tenant
 local clients = ARGV[1] .. 'clients:' .. base
 local client = redis.call('LPOP', clients)
 if not client then return false end
