@@ -90,6 +90,43 @@ class TinkerHost:
     def announce(self) -> None:
         self.redis.set(channel.key("host", self.host_id), str(time.time()), ex=channel.HOST_TTL_SECONDS)
         self.redis.sadd(channel.HOSTS, self.host_id)
+        self.reclaim()
+
+    def reclaim(self) -> None:
+        """After Redis lost its data (a restart), the live part of each run this host holds, from its row
+        in PostgreSQL: the run's calls find this host again instead of answering 410."""
+        held = {model_id: tenant for model_id, (_, tenant) in self.last_used.items()} | self.evicted
+        if not held:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for model_id in held:
+                pipe.hexists(key("model", model_id), "host")
+            present = pipe.execute()
+        lost = [model_id for model_id, there in zip(held, present, strict=True) if not there]
+        if not lost:
+            return
+        with session_scope() as session:
+            rows = [runs.find_run(session, tenant_id=held[m], run_id=m) for m in lost]
+            restored = [
+                (
+                    row.id,
+                    {
+                        "tenant_id": row.tenant_id,
+                        "session_id": row.session_id,
+                        "base_model": row.base_model,
+                        "spec": json.dumps(row.spec),
+                        "metadata": json.dumps(row.user_metadata),
+                        "host": self.host_id,
+                        "created": float(row.created_at),
+                        "calls": 0,
+                    },
+                )
+                for row in rows
+            ]
+        for model_id, mapping in restored:
+            self.redis.hset(key("model", model_id), mapping=mapping)  # type: ignore[arg-type]
+            self.redis.sadd(key("host_models", self.host_id), model_id)
+        log.info("tinker host %s: restored %d runs Redis had lost", self.host_id, len(restored))
 
     def _heartbeat(self) -> None:
         while not self.stopping.wait(channel.HEARTBEAT_SECONDS):
@@ -492,6 +529,41 @@ class TinkerHost:
 
             self.tokenizers[base_path] = load_tokenizer(base_path)
         return self.tokenizers[base_path]
+
+
+def supervise() -> None:
+    """`tunehouse worker --tinker`: the host in a child process, started again when it dies (an OOM, a
+    crash), after a pause that doubles up to BACKOFF_LAST while it keeps dying within a minute. SIGTERM
+    and SIGINT stop the child and then this process; the child dies with this process (PDEATHSIG)."""
+    import ctypes
+    import subprocess
+    import sys
+
+    def die_with_parent() -> None:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    stopping = threading.Event()
+    child: list[subprocess.Popen[bytes]] = []
+
+    def stop(*_: Any) -> None:
+        stopping.set()
+        if child:
+            child[0].terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    delay = BACKOFF_FIRST
+    while not stopping.is_set():
+        started = time.monotonic()
+        child[:] = [
+            subprocess.Popen([sys.executable, "-m", "worker.tinker_host"], preexec_fn=die_with_parent)
+        ]
+        code = child[0].wait()
+        if stopping.is_set() or code == 0:
+            return
+        delay = BACKOFF_FIRST if time.monotonic() - started > 60 else min(delay * 2, BACKOFF_LAST)
+        log.error("tinker host exited with %s; starting it again in %.1fs", code, delay)
+        stopping.wait(delay)
 
 
 def main() -> None:

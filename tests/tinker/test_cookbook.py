@@ -27,7 +27,7 @@ from tests.conftest import _stop, new_key, start_server
 from tests.helpers import start_tinker_host
 
 pytest.importorskip("tinker_cookbook")  # `make setup` installs it (Makefile: no-deps, pinned)
-from tests.tinker.cookbook_runs import MODEL  # noqa: E402
+from tests.tinker.cookbook_runs import MODEL
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # see test_sdk
 RECIPE_TIMEOUT = 300
