@@ -97,9 +97,7 @@ def test_a_flooding_tenant_waits_behind_another_tenants_call(url: str) -> None:
     _wait(url, other, request)
     other_latency = time.monotonic() - sent
     flood_left = _wait(url, flooder, queued[-1])  # the flood's last call: it finishes after the other's
-    print(
-        f"one flood call {single:.2f}s; another tenant's call {other_latency:.2f}s, {len(queued)} queued"
-    )
+    print(f"one flood call {single:.2f}s; another tenant's call {other_latency:.2f}s, {len(queued)} queued")
     assert other_latency < 3 * single + 1.0 < flood_left, (single, other_latency, flood_left)
 
 
