@@ -2,6 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# tinker-cookbook, pinned: tests/tinker/test_cookbook.py runs its loops against the Tinker API; installed
+# without its dependencies (the dev extra lists those it imports; pyproject.toml says why)
+TINKER_COOKBOOK := tinker-cookbook==0.6.1
 
 .PHONY: setup run test lint format docs bench bench-gpu clean
 
@@ -10,6 +13,7 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: on a CPU machine this takes the local CPU wheel instead of GBs of CUDA packages
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps $(TINKER_COOKBOOK)
 	touch $(STAMP)
 
 setup: $(STAMP)
