@@ -19,6 +19,7 @@ import trl
 from transformers import PreTrainedTokenizerBase
 from trl.chat_template_utils import get_training_chat_template
 
+from tests.chat_rows import CALL, WEATHER
 from trainers.chat.rows import Conversation, read_chat
 from trainers.core.errors import DataError
 from trainers.data.chat import ChatDataError, render, training_sequences
@@ -27,15 +28,6 @@ from trainers.data.preference import tokenize_preference_rows
 from trainers.data.sft import tokenize_sft_rows
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 ROWS: dict[str, dict[str, Any]] = {
     "multi-turn": {
         "messages": [
