@@ -34,10 +34,12 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import PreTrainedModel
 
+from trainers.architectures import model_types
+
 # transformers architectures whose decoder layers' MLP forward is ``down_proj(act_fn(gate_proj(x)) *
-# up_proj(x))`` and whose RMSNorm is Llama's (checked in transformers 5.x's modeling files); phi3 fuses
-# gate and up into one projection
-RECOMPUTING_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# up_proj(x))`` and whose RMSNorm is Llama's (``Architecture.llama_layers``); the others keep
+# transformers' forwards
+RECOMPUTING_MODELS = model_types(llama_layers=True)
 
 
 class _SiluMul(torch.autograd.Function):
