@@ -16,10 +16,10 @@ kernel steps aside for it and transformers' own forward runs (docs/model-familie
   (transformers' ``create_causal_mask(..., position_ids=...)``), so packed rows never attend to one
   another. gpt-oss's decoder builds its masks without the position ids (transformers 5.23), so packed
   rows would attend across sequences: ``packing`` is refused there and nothing packs implicitly;
-- ``llama_layers``: each decoder layer's MLP is ``down(silu(gate(x)) * up(x))`` and its norms are Llama's
-  RMSNorm, which ``trainers.kernels.activation_memory`` rebuilds in backward instead of keeping. Gemma 3
-  (norms scaling by ``1 + weight``, a GELU MLP), Phi-3 (``gate_up_proj`` fused) and the MoE layers keep
-  transformers' forwards;
+- ``llama_layers``: each decoder layer's MLP is ``down(silu(gate(x)) * up(x))`` (gate and up one fused
+  projection in Phi-3) and its norms are Llama's RMSNorm, which ``trainers.kernels.activation_memory``
+  rebuilds in backward instead of keeping. Gemma 3 (norms scaling by ``1 + weight``, a GELU MLP) and the
+  MoE layers keep transformers' forwards;
 - ``lora_experts``: the mixture-of-experts weights LoRA adapts by default besides every linear layer but
   the head and the router. transformers 5 keeps a layer's experts as fused 3-D parameters, not linear
   layers, so LoRA reaches them through peft's ``target_parameters`` (rank r per expert); peft cannot
@@ -63,7 +63,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "qwen3": Architecture("Qwen3", plain_head=True, llama_layers=True),
     "qwen3_moe": Architecture("Qwen3-MoE", plain_head=True, lora_experts=MOE_EXPERTS),
     "gemma3_text": Architecture("Gemma 3", plain_head=True),
-    "phi3": Architecture("Phi-3, Phi-3.5 and Phi-4", plain_head=True),
+    "phi3": Architecture("Phi-3, Phi-3.5 and Phi-4", plain_head=True, llama_layers=True),
     "gpt_oss": Architecture("gpt-oss", plain_head=True, packed_positions=False, lora_experts=MOE_EXPERTS),
 }
 
