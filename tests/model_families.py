@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import trl
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from tokenizers.trainers import BpeTrainer
+from tokenizers import Tokenizer, processors
 from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
@@ -48,7 +47,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from trainers.modeling.tiny_model import CORPUS_PATH, DEMO_SFT_PATH
+from trainers.modeling.tiny_model import byte_level_bpe
 
 TEMPLATES_DIR = Path(trl.__file__).parent / "chat_templates"
 
@@ -111,9 +110,27 @@ _QWEN_MARKERS = (
     "<tool_response>",
     "</tool_response>",
 )
-_QWEN3_MARKERS = (*_QWEN_MARKERS, "<think>", "</think>")
-# Qwen2.5 and Qwen3 instruct models stop on <|im_end|> and on <|endoftext|> (their pad token)
-_QWEN_EOS = ("<|im_end|>", "<|endoftext|>")
+# Qwen2.5 Instruct: biased q/k/v projections (always, in Qwen2's modeling); the small sizes tie the
+# embeddings. Its instruct models stop on <|im_end|> and on <|endoftext|> (their pad token), as Qwen3's
+QWEN2_5 = FamilySpec(
+    Qwen2Config,
+    {"tie_word_embeddings": True},
+    template="qwen2_5.jinja",
+    training_template="qwen2_5_training.jinja",
+    bos=None,
+    eos="<|im_end|>",
+    pad="<|endoftext|>",
+    markers=_QWEN_MARKERS,
+    generation_eos=("<|im_end|>", "<|endoftext|>"),
+)
+# Qwen3: RMSNorm on each head's queries and keys, and <think> blocks in its template
+QWEN3 = replace(
+    QWEN2_5,
+    config_class=Qwen3Config,
+    template="qwen3.jinja",
+    training_template="qwen3_training.jinja",
+    markers=(*_QWEN_MARKERS, "<think>", "</think>"),
+)
 
 FAMILIES: dict[str, FamilySpec] = {
     # Llama 3.1 Instruct: RoPE scaled the "llama3" way. TRL has no training variant of the 3.1 template
@@ -141,43 +158,19 @@ FAMILIES: dict[str, FamilySpec] = {
         adds_bos=True,
         extra_special=("<|finetune_right_pad_id|>",),
     ),
-    # Qwen2.5 Instruct: biased q/k/v projections (always, in Qwen2's modeling); the small sizes tie the
-    # embeddings
-    "qwen2.5": FamilySpec(
-        Qwen2Config,
-        {"tie_word_embeddings": True},
-        template="qwen2_5.jinja",
-        training_template="qwen2_5_training.jinja",
-        bos=None,
-        eos="<|im_end|>",
-        pad="<|endoftext|>",
-        markers=_QWEN_MARKERS,
-        generation_eos=_QWEN_EOS,
-    ),
-    # Qwen3: RMSNorm on each head's queries and keys
-    "qwen3": FamilySpec(
-        Qwen3Config,
-        {"tie_word_embeddings": True},
-        template="qwen3.jinja",
-        training_template="qwen3_training.jinja",
-        bos=None,
-        eos="<|im_end|>",
-        pad="<|endoftext|>",
-        markers=_QWEN3_MARKERS,
-        generation_eos=_QWEN_EOS,
-    ),
+    "qwen2.5": QWEN2_5,
+    "qwen3": QWEN3,
     # Qwen3-MoE (30B-A3B's shape, tiny): every layer sparse, experts as fused 3-D parameters, a router
     # with normalised top-k weights; no router loss in training (output_router_logits off, as shipped)
-    "qwen3-moe": FamilySpec(
-        Qwen3MoeConfig,
-        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True},
-        template="qwen3.jinja",
-        training_template="qwen3_training.jinja",
-        bos=None,
-        eos="<|im_end|>",
-        pad="<|endoftext|>",
-        markers=_QWEN3_MARKERS,
-        generation_eos=_QWEN_EOS,
+    "qwen3-moe": replace(
+        QWEN3,
+        config_class=Qwen3MoeConfig,
+        config={
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+        },
     ),
     # Gemma 3 (text, as gemma-3-1b-it): norms scaling by 1 + weight, embeddings scaled by sqrt(hidden),
     # GELU MLP, q/k norms, sliding-window layers beside global ones, tied embeddings; its attention scale
@@ -270,18 +263,9 @@ FAMILIES: dict[str, FamilySpec] = {
 
 @functools.cache
 def _base_bpe() -> str:
-    """The byte-level BPE every family starts from (serialised), trained once per process on the bundled
-    corpus and demo rows, with no special token."""
-    texts = CORPUS_PATH.read_text(encoding="utf-8").splitlines()
-    texts += DEMO_SFT_PATH.read_text(encoding="utf-8").splitlines()
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=BASE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    serialised: str = tok.to_str()
+    """The byte-level BPE every family starts from (serialised), trained once per process as the tiny
+    model's is, with no special token."""
+    serialised: str = byte_level_bpe(BASE_VOCAB, []).to_str()
     return serialised
 
 
