@@ -206,6 +206,23 @@ def api_url() -> Iterator[str]:
     _stop(proc)
 
 
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``family_model(name)``: the folder of family ``name``'s tiny model with its real chat template
+    (``tests.model_families.FAMILIES``), built on first use, once per test process."""
+    import functools
+
+    from tests.model_families import build_family
+
+    root = tmp_path_factory.mktemp("families")
+
+    @functools.cache
+    def build(name: str) -> Path:
+        return build_family(name, root / name)
+
+    return build
+
+
 @pytest.fixture(scope="module")
 def module_database(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A fresh, migrated database of this test module's own (``tests.helpers.own_database``)."""
