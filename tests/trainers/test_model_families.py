@@ -34,7 +34,9 @@ import trainers.architectures
 from tests.model_families import FAMILIES, TEMPLATES_DIR, WINDOW, FamilySpec
 from tests.trainers.helpers import Recorder
 from trainers.architectures import ARCHITECTURES, architecture
+from trainers.chat.rows import read_chat
 from trainers.core.errors import DataError
+from trainers.data.chat import render
 from trainers.data.collate import pack_batch, pad_batch
 from trainers.data.packing import PairPacking
 from trainers.data.preference import collate_preferences, tokenize_preference_rows
@@ -60,10 +62,6 @@ NAMES = list(FAMILIES)
 CPU = torch.device("cpu")
 # about 20 tokens of the tiny BPE: every row below is longer than the sliding windows (16)
 LONG = "the quick brown fox jumps over the lazy dog while the capital of peru is lima"
-
-
-def _content(spec: FamilySpec, text: str) -> Any:
-    return text if spec.string_content else [{"type": "text", "text": text}]
 
 
 def test_every_family_has_an_architecture_entry_and_the_docs_say_what_it_declares() -> None:
@@ -113,12 +111,16 @@ def test_the_family_is_a_real_checkpoint_with_its_real_template(
         assert tokenizer(token, add_special_tokens=False)["input_ids"] == [token_id], token
     assert model.generation_config.eos_token_id == [ids[t] for t in spec.generation_eos]
     assert (tokenizer("x")["input_ids"][0] == tokenizer.bos_token_id) == spec.adds_bos
-    # an assistant turn ends with the EOS the tokenizer declares
-    chat = [
-        {"role": "user", "content": _content(spec, "What is the capital of Peru?")},
-        {"role": "assistant", "content": _content(spec, "Lima.")},
-    ]
-    assert "Lima." + spec.eos in tokenizer.apply_chat_template(chat, tokenize=False)
+    # an assistant turn ends with the EOS the tokenizer declares (rendered as training renders it: a
+    # template that reads content only as parts, Mistral's, is given parts)
+    chat = read_chat(
+        [
+            {"role": "user", "content": "What is the capital of Peru?"},
+            {"role": "assistant", "content": "Lima."},
+        ],
+        "messages",
+    )
+    assert "Lima." + spec.eos in render(tokenizer, chat, 2, generation_prompt=False)
 
 
 # -- the matrix ---------------------------------------------------------------------------------------------
@@ -131,8 +133,6 @@ def _chats(spec: FamilySpec) -> list[dict[str, Any]]:
     """Single-turn chats, or for a template that renders no string content prompt/completion strings (the
     chat rendering of issue 53 is to render those too)."""
     pairs = [(f"Question {i}: {LONG}?", f"Answer {i}: {LONG[: 20 + 9 * i]}.") for i in range(4)]
-    if not spec.string_content:
-        return [{"prompt": q, "completion": " " + a} for q, a in pairs]
     return [
         {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in pairs
     ]
@@ -151,8 +151,6 @@ def _preference_pairs() -> list[dict[str, Any]]:
 
 def _rl_prompts(spec: FamilySpec) -> list[dict[str, Any]]:
     texts = [f"Name a color, {LONG}:", "Say hello:"]
-    if not spec.string_content:
-        return [{"prompt": t} for t in texts]
     return [{"messages": [{"role": "user", "content": t}]} for t in texts]
 
 

@@ -385,3 +385,55 @@ def test_preference_pairs_and_rl_prompts_read_or_refuse_by_field(
         "tool prompt": "The weather in a city",
     }
     assert expected[kind] in text
+
+
+FAMILY_TEMPLATE = {
+    "qwen3": "qwen3",
+    "qwen2.5": "qwen2_5",
+    "gemma3": "gemma3",
+    "phi3.5": "phi3_5",
+    "gpt-oss": "gptoss",
+}
+TOKEN_CASES = [(f, k) for f, t in FAMILY_TEMPLATE.items() for k in ROWS if k not in REFUSED[t]]
+
+
+@pytest.mark.parametrize(("family", "kind"), TOKEN_CASES, ids=[f"{f}-{k}" for f, k in TOKEN_CASES])
+def test_the_trained_tokens_are_trls_on_each_familys_own_tokenizer(family: str, kind: str) -> None:
+    """The same comparison, token by token, with each family's tokenizer and its special tokens
+    (tests/model_families.py): what trains here, as token ids, is TRL's masked run less the prompt cue's
+    tokens, or for gpt-oss's earlier turns the documented difference."""
+    from tests.model_families import family_tokenizer
+
+    tokenizer = family_tokenizer(family)
+    chat = chat_of(ROWS[kind])
+    ours = [
+        tokenizer(text, add_special_tokens=False)["input_ids"]
+        for sequence in training_sequences(tokenizer, chat)
+        for text, trained in sequence
+        if trained
+    ]
+    out: Any = tokenizer.apply_chat_template(
+        chat.messages,
+        tools=chat.tools,
+        chat_template=get_training_chat_template(tokenizer),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    theirs: list[list[int]] = []
+    previous = False
+    for token, masked in zip(out["input_ids"], out["assistant_masks"], strict=True):
+        if masked:
+            if not previous:
+                theirs.append([])
+            theirs[-1].append(token)
+        previous = bool(masked)
+    assert len(ours) == len(theirs)
+    turns = [i for i, w in enumerate(chat.weights) if w]
+    for i, mine, trl_run in zip(turns, ours, theirs, strict=True):
+        if family == "gpt-oss" and i != turns[-1] and "tool_calls" not in chat.messages[i]:
+            assert tokenizer.decode(trl_run[-1:]) == "<|end|>" and tokenizer.decode(mine[-1:]) == "<|return|>"
+            continue
+        cue = trl_run[: len(trl_run) - len(mine)]
+        assert trl_run[len(cue) :] == mine, (tokenizer.decode(mine), tokenizer.decode(trl_run))
+        assert tokenizer.decode(cue) in {"", "\n", "<|start|>assistant"}
