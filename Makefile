@@ -2,6 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# tinker-cookbook, pinned: tests/tinker/test_cookbook.py runs its loops against the Tinker API; installed
+# without its dependencies (the dev extra lists those it imports; pyproject.toml says why)
+TINKER_COOKBOOK := tinker-cookbook==0.6.1
 
 .PHONY: setup run test lint format docs bench bench-gpu clean
 
@@ -10,6 +13,7 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: on a CPU machine this takes the local CPU wheel instead of GBs of CUDA packages
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps $(TINKER_COOKBOOK)
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -36,7 +40,7 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 docs: setup
-	$(PY) -m trainers.method_docs docs/methods.md
+	$(PY) -m trainers.method_docs
 
 # mutation check, one module at a time (slow; not in .ci/run): make mutants MODULES="trainers/methods/grpo.py"
 mutants: setup

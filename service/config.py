@@ -193,6 +193,9 @@ class Settings(BaseSettings):
     # A Tinker host (`tunehouse worker --tinker`) saves a training client idle this long, with no
     # gradients pending, to the blob store and frees its adapter; its next call restores it exactly
     tinker_idle_seconds: float = Field(default=600.0, gt=0)
+    # How many Tinker calls one organization may have waiting on one Tinker worker; past it the API answers
+    # 429 with Retry-After (service/tinker/channel.py): a flood waits at its sender, not in the worker
+    tinker_max_queued_calls: int = Field(default=256, ge=1)
 
     @model_validator(mode="after")
     def _fill_embedded_defaults(self) -> Settings:

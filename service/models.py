@@ -177,10 +177,38 @@ class Checkpoint(Base):
     deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class TinkerSession(Base):
+    """A Tinker SDK session (`ServiceClient`): its training runs and sampling clients belong to it."""
+
+    __tablename__ = "tinker_sessions"
+    id: Mapped[str] = mapped_column(String(60), primary_key=True)  # tsession-...
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    # `ServiceClient.close(status)`: success | errored | interrupted, the first one given
+    finish_reason: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class TinkerRun(Base):
+    """A Tinker training run (a LoRA training client): what it is and whose. Which host holds its adapter,
+    and its live counters (calls, steps, last loss), are transient and stay in Redis
+    (service/tinker/service.py); this row outlives a Redis or API restart."""
+
+    __tablename__ = "tinker_runs"
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # <session>:train:<seq>
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    session_id: Mapped[str] = mapped_column(String(60), index=True)
+    base_model: Mapped[str] = mapped_column(String(600))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the LoRA: rank, seed, train_* switches
+    user_metadata: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
 class TinkerCheckpoint(Base):
     """A Tinker checkpoint (`save_state`, or `save_weights_for_sampler` with a name) as a tunehouse model:
-    its LoRA adapter, served on its run's base model (service/base_models/tinker_checkpoints.py). The
-    training run itself lives in Redis (service/tinker/service.py); this row is what must outlive it."""
+    its LoRA adapter, served on its run's base model (service/base_models/tinker_checkpoints.py), and the
+    run's checkpoint listing (`RestClient.list_checkpoints`, `list_user_checkpoints`)."""
 
     __tablename__ = "tinker_checkpoints"
     id: Mapped[str] = mapped_column(String(40), primary_key=True)  # ftckpt-...
@@ -197,6 +225,8 @@ class TinkerCheckpoint(Base):
     blob_key: Mapped[str] = mapped_column(String(500))
     bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    # `ttl_seconds` at save (or set later): the reaper deletes it, row and blobs, after this time
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     __table_args__ = (
         # saving again under the same name replaces the checkpoint, as in Tinker
         Index("ix_tinker_checkpoints_tenant_path", "tenant_id", "tinker_path", unique=True),

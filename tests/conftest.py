@@ -50,8 +50,8 @@ IDLE_QUEUE = "tunehouse-idle"
 IDLE = {"TUNEHOUSE_BROKER_URL": IDLE_BROKER, "TUNEHOUSE_JOB_QUEUE": IDLE_QUEUE}
 DATA_DIR = Path(tempfile.mkdtemp(prefix="tunehouse-test-"))
 MAX_UPLOAD_BYTES = 2 * 1024 * 1024
-# a base model in the operator's registry whose tokenizer carries Qwen3's real chat template (TRL's copy):
-# the stacks train and estimate chat rows with tools and reasoning on it; built by `chat_model`
+# a base model in the operator's registry: the tiny Qwen3 of tests/model_families.py (Qwen3's real chat
+# template, TRL's copy): the stacks train and estimate chat rows with tools and reasoning on it
 CHAT_MODEL = "tunehouse/tiny-qwen3-chat"
 CHAT_MODEL_DIR = DATA_DIR / "models" / "tiny-qwen3-chat"
 METRICS_TOKEN = "test-operator-token"
@@ -182,28 +182,13 @@ def start_server(
 
 @pytest.fixture(scope="session")
 def chat_model() -> str:
-    """``CHAT_MODEL`` built: the tiny model with Qwen3's chat template (its name, for job bodies)."""
+    """``CHAT_MODEL`` built: the tiny Qwen3 of tests/model_families.py, its real chat template and special
+    tokens (its name, for job bodies)."""
     if not (CHAT_MODEL_DIR / "config.json").exists():
-        import trl
-        from transformers import AutoTokenizer
+        from tests.model_families import build_family
 
-        from trainers.modeling.tiny_model import build_tiny_model
-
-        build_tiny_model(CHAT_MODEL_DIR)
-        tokenizer = AutoTokenizer.from_pretrained(CHAT_MODEL_DIR)
-        template = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
-        tokenizer.chat_template = template.read_text(encoding="utf-8")
-        tokenizer.save_pretrained(CHAT_MODEL_DIR)
+        build_family("qwen3", CHAT_MODEL_DIR)
     return CHAT_MODEL
-
-
-@pytest.fixture(scope="session")
-def api_url() -> Iterator[str]:
-    """A real uvicorn server whose broker has no worker: jobs stay queued."""
-    # no inference worker either: a request to try a model gets its 503 after 1 s, not the default 120
-    url, proc = start_server({**IDLE, "TUNEHOUSE_INFERENCE_TIMEOUT_SECONDS": "1"})
-    yield url
-    _stop(proc)
 
 
 @pytest.fixture(scope="session")

@@ -82,9 +82,6 @@ class FamilySpec:
     markers: tuple[str, ...]  # the other special tokens the template writes
     generation_eos: tuple[str, ...]  # the real generation config's eos_token_id, in its order
     adds_bos: bool = False  # whether the real tokenizer prepends BOS when encoding text
-    # False: the template reads a message's content as a list of parts only (llava_next's
-    # content[0]['text']), so a chat with string contents does not render
-    string_content: bool = True
     extra_special: tuple[str, ...] = field(default=())  # special tokens the template does not write
 
     @property
@@ -207,7 +204,6 @@ FAMILIES: dict[str, FamilySpec] = {
         generation_eos=("</s>",),
         adds_bos=True,
         extra_special=("<unk>",),
-        string_content=False,
     ),
     # Phi-3.5-mini-instruct: fused qkv_proj and gate_up_proj, "longrope" RoPE scaling. The template ends
     # every turn with <|end|> (the turn's EOS) and a conversation without a generation prompt with

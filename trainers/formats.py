@@ -111,4 +111,28 @@ PRIMITIVE_LOSS_INPUTS: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("weights",),
     "importance_sampling": ("logprobs", "advantages"),
     "ppo": ("logprobs", "advantages"),
+    "cispo": ("logprobs", "advantages"),
+    "dro": ("logprobs", "advantages"),
+    "gspo": ("logprobs", "advantages", "sequence_ratio_mask"),
+    # the sampler's log-probabilities come from what the server recorded when it sampled (provenance)
+    "stable_reinforce": ("advantages",),
 }
+_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}  # Tinker's PPO range, ε = 0.2
+# Each loss's `loss_fn_config` keys and their defaults (another key is refused, naming it)
+PRIMITIVE_LOSS_CONFIG: dict[str, dict[str, float]] = {
+    "cross_entropy": {},
+    "importance_sampling": {},
+    "ppo": _CLIP,
+    "cispo": _CLIP,
+    "gspo": _CLIP,
+    # Tinker's docs give no default beta; 0.05 is the value their example passes
+    "dro": {"beta": 0.05},
+    # the cap C of the truncated importance weight min(ρ, C) (Yao et al. 2025 use C = 2)
+    "stable_reinforce": {"truncation": 2.0},
+}
+# The losses that read what the sampler recorded for the datum's tokens: each datum names its sampled
+# sequences (`Datum.with_provenance`), from a sampling client made with `record_stability_info=True`
+PRIMITIVE_LOSS_PROVENANCE = frozenset({"stable_reinforce"})
+# what the server adds to such a loss's inputs, per target: the sampler's recorded log-probability, and
+# 1 where the target is a sampled token (0 on prompt tokens, which were not sampled)
+RECORDED_LOGPROBS, RECORDED_MASK = "recorded_logprobs", "recorded_mask"

@@ -1,11 +1,10 @@
-"""docs/methods.md's methods table and hyperparameter reference, generated from ``trainers.registry``.
+"""The generated tables of the docs: docs/methods.md's methods table and hyperparameter reference (from
+``trainers.registry``) and docs/data-formats.md's chat row fields (from ``trainers.chat.rows.FIELDS``).
 
-    python -m trainers.method_docs docs/methods.md     # rewrite the generated blocks in place (make docs)
+    python -m trainers.method_docs      # rewrite the generated blocks of both pages in place (make docs)
 
-The blocks sit between ``<!-- methods:begin -->`` / ``<!-- methods:end -->`` and
-``<!-- hyperparameters:begin -->`` / ``<!-- hyperparameters:end -->``;
-``tests/trainers/test_registry.py`` fails when docs/methods.md differs from what this prints.
-Standard library only, like the registry.
+A block sits between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``; ``tests/trainers/test_registry.py``
+fails when a page differs from what this writes. Standard library only, like the registry.
 """
 
 from __future__ import annotations
@@ -13,13 +12,16 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from trainers.chat.rows import FIELDS
 from trainers.registry import COMMON, LOOP_METRICS, METHODS, Hyperparameter
 
 # The JSONL shape of each training-file format a method may declare (the upload validator's formats).
 FORMAT_SHAPES: dict[str, str] = {
-    "chat": '`{"messages"}` (loss on assistant turns; `"weight": 0` skips one)',
+    "chat": '`{"messages", "tools"}` (OpenAI\'s chat row: [data-formats.md](data-formats.md); loss on '
+    'assistant turns, tool calls and reasoning included; `"weight": 0` skips one)',
     "prompt_completion": '`{"prompt", "completion"}` (loss on the completion)',
     "text": '`{"text"}` (every token)',
     "preference": '`{"input": {"messages"}, "preferred_output", "non_preferred_output"}` or '
@@ -75,20 +77,33 @@ def hyperparameters_table() -> str:
     return "\n".join(rows)
 
 
-BLOCKS = {"methods": methods_table, "hyperparameters": hyperparameters_table}
+def chat_fields_table() -> str:
+    rows = ["| where | field | accepts | meaning |", "| --- | --- | --- | --- |"]
+    for f in FIELDS:
+        names = " / ".join(f"`{name.strip()}`" for name in f.name.split("/"))
+        rows.append(f"| {f.where} | {names} | {f.accepts} | {f.meaning} |")
+    return "\n".join(rows)
 
 
-def render(readme: str) -> str:
-    """``readme`` (the page's text) with every generated block replaced by its current text."""
-    for name, make in BLOCKS.items():
-        found = re.search(rf"(<!-- {name}:begin -->\n)(?:.*?\n)?(<!-- {name}:end -->)", readme, re.S)
+PAGES: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/methods.md": {"methods": methods_table, "hyperparameters": hyperparameters_table},
+    "docs/data-formats.md": {"chat-fields": chat_fields_table},
+}
+
+
+def render(page: str, blocks: dict[str, Callable[[], str]]) -> str:
+    """``page`` (a page's text) with each of ``blocks`` replaced by its current text."""
+    for name, make in blocks.items():
+        found = re.search(rf"(<!-- {name}:begin -->\n)(?:.*?\n)?(<!-- {name}:end -->)", page, re.S)
         if found is None:
             raise ValueError(f"the page has no <!-- {name}:begin/end --> block")
         block = found.group(1) + make() + "\n" + found.group(2)
-        readme = readme[: found.start()] + block + readme[found.end() :]
-    return readme
+        page = page[: found.start()] + block + page[found.end() :]
+    return page
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/methods.md")
-    path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path()
+    for name, blocks in PAGES.items():
+        path = root / name
+        path.write_text(render(path.read_text(encoding="utf-8"), blocks), encoding="utf-8")

@@ -135,10 +135,10 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from service.config import get_settings
 
-    if args.tinker:  # not a Celery worker: it reads its own Redis list (service/tinker/channel.py)
-        from worker.tinker_host import main
+    if args.tinker:  # not a Celery worker: it reads its own Redis queues (service/tinker/channel.py)
+        from worker.tinker_host import supervise  # the host in a child, started again if it dies
 
-        main()
+        supervise()
         return 0
     # an inference worker is its own process on its own queue: trying a model never waits behind the
     # training job a training worker is running (one request at a time; start more to serve more)

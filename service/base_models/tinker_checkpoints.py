@@ -14,13 +14,18 @@ old weights.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
+from sqlalchemy import ColumnElement, and_, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from service.ids import new_id
+from service.ids import new_id, now
 from service.models import TinkerCheckpoint
 
 TINKER_PATH_PREFIX = "tinker://"
+
+
+def tinker_blob_key(tenant_id: str, model_id: str, kind: str, name: str) -> str:
+    """The blob of a saved state or sampler weights as the Tinker host reads them back (a torch file)."""
+    return f"tinker/{tenant_id}/{model_id}/{kind}/{name}.pt"
 
 
 def tinker_path(model_id: str, kind: str, name: str) -> str:
@@ -57,6 +62,51 @@ def list_tinker_models(session: Session, *, tenant_id: str) -> list[tuple[str, i
     return [(str(name), int(created)) for name, created in session.execute(stmt).all()]
 
 
+def _listed(tenant_id: str) -> ColumnElement[bool]:
+    """The tenant's checkpoints that still list: not past their expiry (the reaper deletes those)."""
+    expiry = TinkerCheckpoint.expires_at
+    return and_(TinkerCheckpoint.tenant_id == tenant_id, expiry.is_(None) | (expiry > now()))
+
+
+def run_checkpoints(session: Session, *, tenant_id: str, run_id: str) -> list[TinkerCheckpoint]:
+    """A run's checkpoints, oldest first (`RestClient.list_checkpoints`)."""
+    stmt = (
+        select(TinkerCheckpoint)
+        .where(_listed(tenant_id), TinkerCheckpoint.training_run_id == run_id)
+        .order_by(TinkerCheckpoint.created_at, TinkerCheckpoint.id)
+    )
+    return list(session.execute(stmt).scalars())
+
+
+def tenant_checkpoints(
+    session: Session, *, tenant_id: str, limit: int, offset: int
+) -> tuple[list[TinkerCheckpoint], int]:
+    """A page of the tenant's checkpoints across runs, newest first, and how many there are."""
+    where = _listed(tenant_id)
+    order = (TinkerCheckpoint.created_at.desc(), TinkerCheckpoint.id.desc())
+    stmt = select(TinkerCheckpoint).where(where).order_by(*order)
+    rows = list(session.execute(stmt.offset(offset).limit(limit)).scalars())
+    total = session.execute(select(func.count()).select_from(TinkerCheckpoint).where(where)).scalar_one()
+    return rows, int(total)
+
+
+def set_tinker_checkpoint_ttl(session: Session, *, row: TinkerCheckpoint, ttl_seconds: int | None) -> None:
+    expires = None if ttl_seconds is None else now() + ttl_seconds
+    session.execute(update(TinkerCheckpoint).where(TinkerCheckpoint.id == row.id).values(expires_at=expires))
+
+
+def forget_tinker_checkpoint(session: Session, *, row: TinkerCheckpoint) -> list[str]:
+    """Delete the row; the blob keys the caller removes once it commits (the model's tar, the state)."""
+    session.execute(delete(TinkerCheckpoint).where(TinkerCheckpoint.id == row.id))
+    run_id, kind = row.training_run_id, row.kind
+    return [row.blob_key, tinker_blob_key(row.tenant_id, run_id, kind, row.name)]
+
+
+def expired_tinker_checkpoints(session: Session, *, limit: int = 100) -> list[TinkerCheckpoint]:
+    stmt = select(TinkerCheckpoint).where(TinkerCheckpoint.expires_at <= now()).limit(limit)
+    return list(session.execute(stmt).scalars())
+
+
 def record_tinker_checkpoint(
     session: Session,
     *,
@@ -68,6 +118,7 @@ def record_tinker_checkpoint(
     blob_key: str,
     size: int,
     checkpoint_id: str | None = None,
+    ttl_seconds: int | None = None,
 ) -> TinkerCheckpoint:
     """Insert the checkpoint, replacing one of the same path (the caller commits)."""
     path = tinker_path(training_run_id, kind, name)
@@ -87,6 +138,7 @@ def record_tinker_checkpoint(
         base_model=base_model,
         blob_key=blob_key,
         bytes=size,
+        expires_at=None if ttl_seconds is None else now() + ttl_seconds,
     )
     session.add(row)
     return row

@@ -19,6 +19,7 @@ from service.files.service import PURPOSES, get_file
 from service.files.validation import method_formats
 from service.graders.service import check_grader
 from service.ids import new_id
+from service.jobs.architecture import architecture_problem
 from service.jobs.capacity import note_if_unfit
 from service.jobs.dispatch import send_after_commit
 from service.jobs.events import add_event, state_event
@@ -165,7 +166,13 @@ def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         )
 
     resolve_hyperparameters(method, n_examples=training.line_count)
-    problem = hyperparameter_problem(method) or resources_problem(method, resources)
+    problem = (
+        hyperparameter_problem(method)
+        or resources_problem(method, resources)
+        or architecture_problem(
+            session, tenant_id=tenant.id, settings=settings, model=spec.model, method=method
+        )
+    )
     if problem is not None:
         param, message = problem
         raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")

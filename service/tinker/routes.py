@@ -9,7 +9,6 @@ once (`{request_id}`); `retrieve_future` answers its result, `try_again`, or the
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -22,16 +21,24 @@ from starlette.concurrency import run_in_threadpool
 
 from service.auth import tenant_of_key
 from service.base_models.catalog import list_base_models
-from service.base_models.tinker_checkpoints import tinker_path
+from service.base_models.tinker_checkpoints import (
+    find_tinker_checkpoint,
+    forget_tinker_checkpoint,
+    run_checkpoints,
+    set_tinker_checkpoint_ttl,
+    tenant_checkpoints,
+    tinker_path,
+)
 from service.base_models.weights import find_model_weights
 from service.config import get_settings
 from service.dependencies import SessionDep, SettingsDep
-from service.errors import BadRequest, Unauthorized, error_responses
-from service.models import Tenant
-from service.tinker import schemas, sources, wire
+from service.errors import BadRequest, NotFound, Unauthorized, error_responses
+from service.models import Tenant, TinkerCheckpoint, TinkerRun
+from service.storage import get_blob_store
+from service.tinker import checks, runs, schemas, sources, wire
 from service.tinker.channel import Result
-from service.tinker.service import Tinker, guard
-from trainers.formats import PRIMITIVE_LOSS_INPUTS
+from service.tinker.service import ClientLost, Tinker, TinkerPath, guard
+from trainers.formats import PRIMITIVE_LOSS_PROVENANCE
 
 # Not in /openapi.json: the protocol is the SDK's (protobuf bodies included), documented in docs/tinker.md,
 # and its `X-API-Key` scheme would be a second one beside the Bearer keys of /v1
@@ -56,9 +63,10 @@ _clients: dict[str, Tinker] = {}
 
 
 async def _tinker() -> AsyncIterator[Tinker]:
-    url = get_settings().redis_url
+    settings = get_settings()
+    url = settings.redis_url
     if url not in _clients:
-        _clients[url] = Tinker(url)
+        _clients[url] = Tinker(url, settings.tinker_max_queued_calls)
     yield _clients[url]
 
 
@@ -100,16 +108,82 @@ async def client_dynamic_config(_tenant: TenantDep) -> dict[str, Any]:
     return {"sample_cancel_enabled": False}
 
 
+def _commit(session: Session, fn: Any, /, **kwargs: Any) -> Any:
+    """One durable write (service/tinker/runs.py) in its own transaction."""
+    result = fn(session, **kwargs)
+    session.commit()
+    return result
+
+
+async def _db(session: Session, fn: Any, /, **kwargs: Any) -> Any:
+    return await run_in_threadpool(_commit, session, fn, **kwargs)
+
+
+async def _live_session(tinker: Tinker, session: Session, tenant_id: str, session_id: str) -> None:
+    """The session in Redis, put back from PostgreSQL when Redis lost it (a restart)."""
+    try:
+        await guard(tinker.heartbeat(tenant_id, session_id))
+    except NotFound:
+        row = await _db(session, runs.find_session, tenant_id=tenant_id, session_id=session_id)
+        await guard(tinker.restore_session(tenant_id, session_id, row.user_metadata))
+
+
 @router.post("/create_session")
-async def create_session(body: schemas.CreateSession, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
-    session_id = await guard(tinker.create_session(tenant.id, body.user_metadata or {}))
+async def create_session(
+    body: schemas.CreateSession, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
+) -> dict[str, Any]:
+    metadata = body.user_metadata or {}
+    session_id = await guard(tinker.create_session(tenant.id, metadata))
+    await _db(session, runs.record_session, tenant_id=tenant.id, session_id=session_id, metadata=metadata)
     return {"type": "create_session", "session_id": session_id}
 
 
 @router.post("/session_heartbeat")
-async def session_heartbeat(body: schemas.SessionRef, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
-    await guard(tinker.heartbeat(tenant.id, body.session_id))
+async def session_heartbeat(
+    body: schemas.SessionRef, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
+) -> dict[str, Any]:
+    await _live_session(tinker, session, tenant.id, body.session_id)
     return {"type": "session_heartbeat"}
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(
+    session_id: str, body: schemas.FinishSession, tenant: TenantDep, session: SessionDep
+) -> None:
+    """`ServiceClient.close(status)`: the session's finish reason is kept (first wins); its clients stay
+    usable until they are idle, as their state is the tenant's, not the session's."""
+    await _db(
+        session, runs.finish_session, tenant_id=tenant.id, session_id=session_id, reason=body.reason.type
+    )
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(
+    session_id: str, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
+) -> dict[str, Any]:
+    row = await _db(session, runs.find_session, tenant_id=tenant.id, session_id=session_id)
+    run_ids = await _db(session, runs.session_runs, tenant_id=tenant.id, session_id=session_id)
+    return {
+        "training_run_ids": run_ids,
+        "sampler_ids": await guard(tinker.session_samplers(session_id)),
+        "user_metadata": {k: str(v) for k, v in row.user_metadata.items()},
+    }
+
+
+@router.get("/sessions")
+async def list_sessions(
+    tenant: TenantDep, session: SessionDep, limit: int = 20, offset: int = 0
+) -> dict[str, Any]:
+    limit, offset = _page(limit, offset)
+    ids = await _db(session, runs.list_sessions, tenant_id=tenant.id, limit=limit, offset=offset)
+    return {"sessions": ids}
+
+
+@router.post("/telemetry")
+async def telemetry(_tenant: TenantDep) -> dict[str, str]:
+    """The SDK's telemetry (on by default): accepted and dropped, so that clients run quietly; the server
+    keeps its own metrics (/metrics) and the runs' (the dashboard)."""
+    return {"status": "accepted"}
 
 
 # --- training clients -------------------------------------------------------------------------------------
@@ -138,6 +212,7 @@ async def create_model(
     if body.optimizer_config is not None and body.optimizer_config.type != "adamw":
         raise BadRequest("optimizer_config: only AdamW (adamw) is served", param="optimizer_config")
     await run_in_threadpool(_check_base, session, tenant.id, body.base_model, "base_model")
+    await _live_session(tinker, session, tenant.id, body.session_id)
     spec = body.lora_config.model_dump()
     model_id, host = await guard(
         tinker.register_model(
@@ -149,22 +224,55 @@ async def create_model(
             metadata=body.user_metadata or {},
         )
     )
+    await _record_run(
+        session, tenant.id, model_id, body.session_id, body.base_model, spec, body.user_metadata
+    )
     args = {"model_id": model_id, "base_model": body.base_model, "spec": spec}
     request_id = await guard(tinker.send(host, "create_model", tenant.id, args, model_id=model_id))
     return _future(request_id, model_id)
 
 
+async def _record_run(
+    session: Session,
+    tenant_id: str,
+    run_id: str,
+    session_id: str,
+    base_model: str,
+    spec: dict[str, Any],
+    metadata: dict[str, Any] | None,
+) -> None:
+    await _db(
+        session,
+        runs.record_run,
+        tenant_id=tenant_id,
+        run_id=run_id,
+        session_id=session_id,
+        base_model=base_model,
+        spec=spec,
+        metadata=metadata or {},
+    )
+
+
+async def _host_of(tinker: Tinker, session: Session, tenant_id: str, model_id: str) -> str:
+    """The live host of a run; a run that Redis lost (a restart) is known here but held nowhere: 410."""
+    try:
+        host: str = await guard(tinker.host_of(tenant_id, model_id))
+    except NotFound:
+        await _db(session, runs.find_run, tenant_id=tenant_id, run_id=model_id)
+        raise ClientLost(model_id) from None
+    return host
+
+
 @router.post("/get_info")
-async def get_info(body: schemas.ModelRef, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
-    run = await guard(tinker.model(tenant.id, body.model_id))
-    spec = json.loads(run["spec"])
+async def get_info(body: schemas.ModelRef, tenant: TenantDep, session: SessionDep) -> dict[str, Any]:
+    run: TinkerRun = await _db(session, runs.find_run, tenant_id=tenant.id, run_id=body.model_id)
     return {
         "type": "get_info",
         "model_id": body.model_id,
-        "model_data": {"arch": "lora", "model_name": run["base_model"], "tokenizer_id": run["base_model"]},
+        "model_data": {"arch": "lora", "model_name": run.base_model, "tokenizer_id": run.base_model},
         "is_lora": True,
-        "lora_rank": spec["rank"],
-        "model_name": run["base_model"],
+        "lora_rank": run.spec["rank"],
+        "model_name": run.base_model,
     }
 
 
@@ -177,29 +285,22 @@ async def _proto_body(request: Request) -> bytes:
 
 
 @router.post("/forward_backward")
-async def forward_backward(request: Request, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
-    """The SDK's protobuf ForwardBackwardRequest (service/tinker/wire.py); `forward_only` is `forward`."""
+async def forward_backward(
+    request: Request, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
+) -> dict[str, Any]:
+    """The SDK's protobuf ForwardBackwardRequest (service/tinker/wire.py); `forward_only` is `forward`.
+    Checked whole before it is queued (service/tinker/checks.py)."""
     try:
         call = wire.read_forward_backward(await _proto_body(request))
     except wire.WireError as exc:
         raise BadRequest(f"body: {exc}", param="body") from exc
-    if call.loss_fn not in PRIMITIVE_LOSS_INPUTS:
-        raise BadRequest(
-            f"loss_fn: '{call.loss_fn}' is not served (built-in losses: {', '.join(PRIMITIVE_LOSS_INPUTS)}; "
-            "custom losses are not supported)",
-            param="loss_fn",
-            code="unsupported_loss",
-        )
-    if not call.data:
-        raise BadRequest("data: at least one datum", param="data")
-    for index, datum in enumerate(call.data):
-        for key in ("target_tokens", *PRIMITIVE_LOSS_INPUTS[call.loss_fn]):
-            if len(datum.inputs.get(key, ())) != len(datum.tokens) or not datum.tokens:
-                raise BadRequest(
-                    f"data[{index}].loss_fn_inputs.{key}: {call.loss_fn} needs one value per input token",
-                    param=f"data[{index}].loss_fn_inputs.{key}",
-                )
-    host = await guard(tinker.host_of(tenant.id, call.model_id))
+    checks.check_loss(call)
+    checks.check_data(call)
+    host = await _host_of(tinker, session, tenant.id, call.model_id)
+    if call.loss_fn in PRIMITIVE_LOSS_PROVENANCE:
+        run = await guard(tinker.model(tenant.id, call.model_id))
+        ids = checks.sequence_ids(call.data)
+        checks.attach_recorded(call.data, await guard(tinker.recorded(tenant.id, run["session_id"], ids)))
     args = {
         "model_id": call.model_id,
         "loss_fn": call.loss_fn,
@@ -212,10 +313,12 @@ async def forward_backward(request: Request, tenant: TenantDep, tinker: TinkerDe
 
 
 @router.post("/optim_step")
-async def optim_step(body: schemas.OptimStep, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
+async def optim_step(
+    body: schemas.OptimStep, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
+) -> dict[str, Any]:
     if body.adam_params is None:
         raise BadRequest("adam_params: only Adam is served", param="optimizer_params")
-    host = await guard(tinker.host_of(tenant.id, body.model_id))
+    host = await _host_of(tinker, session, tenant.id, body.model_id)
     args = {"model_id": body.model_id, "adam": body.adam_params.model_dump()}
     request_id = await guard(tinker.send(host, "optim_step", tenant.id, args, model_id=body.model_id))
     return _future(request_id, body.model_id)
@@ -228,27 +331,29 @@ def _name(path: str | None, param: str) -> str | None:
 
 
 @router.post("/save_weights")
-async def save_weights(body: schemas.SaveWeights, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
+async def save_weights(
+    body: schemas.SaveWeights, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
+) -> dict[str, Any]:
     """save_state: the adapter's weights and optimizer state, as `tinker://<run>/weights/<name>`."""
     name = _name(body.path, "path")
-    host = await guard(tinker.host_of(tenant.id, body.model_id))
-    args = {"model_id": body.model_id, "name": name}
+    host = await _host_of(tinker, session, tenant.id, body.model_id)
+    args = {"model_id": body.model_id, "name": name, "ttl_seconds": body.ttl_seconds}
     request_id = await guard(tinker.send(host, "save_weights", tenant.id, args, model_id=body.model_id))
     return _future(request_id, body.model_id)
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(
-    body: schemas.SaveWeights, tenant: TenantDep, tinker: TinkerDep
+    body: schemas.SaveWeights, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
 ) -> dict[str, Any]:
     """The adapter's weights for sampling: named (`tinker://<run>/sampler_weights/<name>`), or unnamed
     with a sampling session made for them (`save_weights_and_get_sampling_client`)."""
     if body.kind != "snapshot":
         raise BadRequest("kind: only 'snapshot' sampling clients are served", param="kind")
     name = _name(body.path, "path")
+    host = await _host_of(tinker, session, tenant.id, body.model_id)
     run = await guard(tinker.model(tenant.id, body.model_id))
-    host = await guard(tinker.host_of(tenant.id, body.model_id))
-    args: dict[str, Any] = {"model_id": body.model_id, "name": name}
+    args: dict[str, Any] = {"model_id": body.model_id, "name": name, "ttl_seconds": body.ttl_seconds}
     if name is None:
         args["name"] = f"ephemeral-{body.sampling_session_seq_id or 0}-{body.seq_id or 0}"
         path = tinker_path(body.model_id, "sampler_weights", args["name"])
@@ -282,11 +387,12 @@ async def load_weights(
                 f"'{run['base_model']}'",
                 param="path",
             )
-        host = await guard(tinker.host_of(tenant.id, body.model_id))
+        host = await _host_of(tinker, session, tenant.id, body.model_id)
         args["model_id"] = body.model_id
     elif body.session_id is not None:
         base = body.base_model or found.base_model
         await run_in_threadpool(_check_base, session, tenant.id, base, "base_model")
+        await _live_session(tinker, session, tenant.id, body.session_id)
         # None (a job's adapter, a state whose run is gone): a placeholder the host replaces with the
         # state's own LoRA shape before it answers (the SDK reads get_info after that)
         spec = found.spec or {"rank": sources.DEFAULT_RANK}
@@ -300,6 +406,7 @@ async def load_weights(
                 metadata=body.user_metadata or {},
             )
         )
+        await _record_run(session, tenant.id, model_id, body.session_id, base, spec, body.user_metadata)
         args |= {"model_id": model_id, "base_model": base, "spec": spec, "create": True}
     else:
         raise BadRequest("model_id or session_id: one is required", param="model_id")
@@ -316,6 +423,7 @@ async def create_sampling_session(
 ) -> dict[str, Any]:
     if body.model_path is None and body.base_model is not None:
         await run_in_threadpool(_check_base, session, tenant.id, body.base_model, "base_model")
+    await _live_session(tinker, session, tenant.id, body.session_id)
     sampling_session_id = await guard(
         tinker.create_sampling_session(
             tenant.id, session_id=body.session_id, base_model=body.base_model, model_path=body.model_path
@@ -336,11 +444,9 @@ async def sampler(sampling_session_id: str, tenant: TenantDep, tinker: TinkerDep
 
 def _refuse_unserved(body: schemas.Sample) -> None:
     unserved = {
-        "topk_prompt_logprobs": body.topk_prompt_logprobs,
         "topk_sample_logprobs": body.topk_sample_logprobs,
         "target_prompt_logprobs": body.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
-        "sampling_params.top_k": body.sampling_params.top_k > 0,
     }
     for param, asked in unserved.items():
         if asked:
@@ -371,6 +477,14 @@ async def asample(
             f"sampling_params.max_tokens: at most {settings.inference_max_tokens} on this deployment",
             param="sampling_params.max_tokens",
         )
+    context = await guard(tinker.context_of(sampler["base_model"]))
+    if context is not None and len(tokens) + max_tokens > context:
+        raise BadRequest(
+            f"prompt: {len(tokens)} prompt tokens plus max_tokens {max_tokens} exceed the model's "
+            f"context of {context} tokens",
+            param="prompt",
+            code="context_length_exceeded",
+        )
     stop = body.sampling_params.stop
     args = {
         "base_model": sampler["base_model"],
@@ -382,10 +496,19 @@ async def asample(
         "top_p": body.sampling_params.top_p,
         "seed": body.sampling_params.seed,
         "stop": [stop] if isinstance(stop, str) else list(stop or []),
-        "prompt_logprobs": bool(body.prompt_logprobs),
+        "prompt_logprobs": bool(body.prompt_logprobs) or body.topk_prompt_logprobs > 0,
+        "topk_prompt_logprobs": body.topk_prompt_logprobs,
+        "top_k": max(body.sampling_params.top_k, 0),
     }
-    request_id = await guard(tinker.send(sampler["host"], "sample", tenant.id, args))
+    request_id = tinker.new_request_id()
     ids = [f"{request_id}:{i}" for i in range(body.num_samples)]
+    if body.record_stability_info:  # stable_reinforce trains on these: the host records them
+        args["record"] = {"session_id": sampler["session_id"], "sequence_ids": ids}
+    await guard(
+        tinker.send(
+            sampler["host"], "sample", tenant.id, args, client=body.sampling_session_id, request_id=request_id
+        )
+    )
     return _future(request_id, sample_sequence_ids=ids)
 
 
@@ -404,72 +527,154 @@ async def retrieve_future(body: schemas.RetrieveFuture, tenant: TenantDep, tinke
     return Response(result.body, media_type="application/json")
 
 
-# --- listings ---------------------------------------------------------------------------------------------
+# --- listings and checkpoints ----------------------------------------------------------------------------
+
+MAX_PAGE = 1000
+
+
+def _page(limit: int, offset: int) -> tuple[int, int]:
+    return min(max(limit, 0), MAX_PAGE), max(offset, 0)
 
 
 def _iso(seconds: str | float) -> str:
     return datetime.fromtimestamp(float(seconds), UTC).isoformat()
 
 
-def _checkpoint(entry: dict[str, Any]) -> dict[str, Any]:
+CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler"}  # the SDK's names of the kinds
+
+
+def _checkpoint(row: TinkerCheckpoint) -> dict[str, Any]:
     return {
-        "checkpoint_id": f"{entry['kind']}/{entry['name']}",
-        "checkpoint_type": "training" if entry["kind"] == "weights" else "sampler",
-        "time": _iso(entry["time"]),
-        "tinker_path": entry["path"],
-        "size_bytes": entry.get("size_bytes"),
+        "checkpoint_id": f"{row.kind}/{row.name}",
+        "checkpoint_type": CHECKPOINT_TYPE[row.kind],
+        "time": _iso(row.created_at),
+        "tinker_path": row.tinker_path,
+        "size_bytes": row.bytes,
+        "expires_at": _iso(row.expires_at) if row.expires_at is not None else None,
     }
 
 
-async def _run(tinker: Tinker, tenant_id: str, run: dict[str, str], model_id: str) -> dict[str, Any]:
-    spec = json.loads(run["spec"])
-    checkpoints = await tinker.checkpoints(tenant_id, model_id)
-    last = {
-        kind: next((c for c in reversed(checkpoints) if c["kind"] == kind), None)
-        for kind in ("weights", "sampler_weights")
-    }
+async def _run(tinker: Tinker, session: Session, tenant_id: str, run: TinkerRun) -> dict[str, Any]:
+    saved = await _db(session, run_checkpoints, tenant_id=tenant_id, run_id=run.id)
+    last = {kind: next((c for c in reversed(saved) if c.kind == kind), None) for kind in CHECKPOINT_TYPE}
+    live = await guard(tinker.counters(run.id))
     return {
-        "training_run_id": model_id,
-        "base_model": run["base_model"],
+        "training_run_id": run.id,
+        "base_model": run.base_model,
         "model_owner": tenant_id,
         "is_lora": True,
-        "lora_rank": spec["rank"],
-        "last_request_time": _iso(run["last_request"]),
+        "lora_rank": run.spec["rank"],
+        "last_request_time": _iso(live.get("last_request", run.created_at)),
         "last_checkpoint": _checkpoint(last["weights"]) if last["weights"] else None,
         "last_sampler_checkpoint": _checkpoint(last["sampler_weights"]) if last["sampler_weights"] else None,
-        "user_metadata": {k: str(v) for k, v in json.loads(run.get("metadata", "{}")).items()},
+        "user_metadata": {k: str(v) for k, v in run.user_metadata.items()},
         # tunehouse's own, for the dashboard (the SDK ignores fields it does not know): the calls sent
-        # for this run, its optim_steps, and the loss:sum of its last forward / forward_backward
-        "calls": int(run.get("calls", 0)),
-        "steps": int(run.get("steps", 0)),
-        "last_loss": float(run["last_loss"]) if "last_loss" in run else None,
-        "created_time": _iso(run["created"]),
+        # for this run, its optim_steps, and the loss:sum of its last forward / forward_backward, which
+        # live in Redis (zero again after Redis lost them)
+        "calls": int(live.get("calls", 0)),
+        "steps": int(live.get("steps", 0)),
+        "last_loss": float(live["last_loss"]) if "last_loss" in live else None,
+        "created_time": _iso(run.created_at),
     }
 
 
 @router.get("/training_runs")
 async def training_runs(
-    tenant: TenantDep, tinker: TinkerDep, limit: int = 20, offset: int = 0
+    tenant: TenantDep, tinker: TinkerDep, session: SessionDep, limit: int = 20, offset: int = 0
 ) -> dict[str, Any]:
-    runs = await guard(tinker.runs(tenant.id))
-    page = runs[offset : offset + max(limit, 0)]
+    limit, offset = _page(limit, offset)
+    page, total = await _db(session, runs.list_runs, tenant_id=tenant.id, limit=limit, offset=offset)
     return {
-        "training_runs": [await guard(_run(tinker, tenant.id, run, run["id"])) for run in page],
-        "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)},
+        "training_runs": [await _run(tinker, session, tenant.id, run) for run in page],
+        "cursor": {"offset": offset, "limit": limit, "total_count": total},
     }
 
 
 @router.get("/training_runs/{model_id}")
-async def training_run(model_id: str, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
-    run = await guard(tinker.model(tenant.id, model_id))
-    described: dict[str, Any] = await guard(_run(tinker, tenant.id, run, model_id))
-    return described
+async def training_run(
+    model_id: str, tenant: TenantDep, tinker: TinkerDep, session: SessionDep
+) -> dict[str, Any]:
+    run = await _db(session, runs.find_run, tenant_id=tenant.id, run_id=model_id)
+    return await _run(tinker, session, tenant.id, run)
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
-async def checkpoints(model_id: str, tenant: TenantDep, tinker: TinkerDep) -> dict[str, Any]:
-    entries = await guard(tinker.checkpoints(tenant.id, model_id))
-    return {"checkpoints": [_checkpoint(e) for e in entries], "cursor": None}
+async def checkpoints(model_id: str, tenant: TenantDep, session: SessionDep) -> dict[str, Any]:
+    await _db(session, runs.find_run, tenant_id=tenant.id, run_id=model_id)
+    rows = await _db(session, run_checkpoints, tenant_id=tenant.id, run_id=model_id)
+    return {"checkpoints": [_checkpoint(row) for row in rows], "cursor": None}
+
+
+@router.get("/checkpoints")
+async def user_checkpoints(
+    tenant: TenantDep, session: SessionDep, limit: int = 100, offset: int = 0
+) -> dict[str, Any]:
+    """`RestClient.list_user_checkpoints`: the tenant's checkpoints across its runs, newest first."""
+    limit, offset = _page(limit, offset)
+    rows, total = await _db(session, tenant_checkpoints, tenant_id=tenant.id, limit=limit, offset=offset)
+    return {
+        "checkpoints": [_checkpoint(row) for row in rows],
+        "cursor": {"offset": offset, "limit": limit, "total_count": total},
+    }
+
+
+def _find_checkpoint(session: Session, *, tenant_id: str, path: str, param: str) -> TinkerCheckpoint:
+    TinkerPath.parse(path, param=param)
+    row = find_tinker_checkpoint(session, tenant_id=tenant_id, name=path)
+    if row is None:
+        raise NotFound(f"{param}: no checkpoint '{path}'", param=param, code="checkpoint_not_found")
+    return row
+
+
+def _checkpoint_path(model_id: str, checkpoint_id: str) -> str:
+    kind, _, name = checkpoint_id.partition("/")
+    return tinker_path(model_id, kind, name)
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{kind}/{name}")
+async def delete_checkpoint(
+    model_id: str, kind: str, name: str, tenant: TenantDep, session: SessionDep
+) -> None:
+    """The checkpoint goes from the listings, from /v1/models and from the blob store."""
+    path = _checkpoint_path(model_id, f"{kind}/{name}")
+    row = await _db(session, _find_checkpoint, tenant_id=tenant.id, path=path, param="checkpoint_id")
+    blob_keys = await _db(session, forget_tinker_checkpoint, row=row)
+    await run_in_threadpool(_delete_blobs, blob_keys)
+
+
+def _delete_blobs(keys: list[str]) -> None:
+    blobs = get_blob_store()
+    for blob_key in keys:
+        blobs.delete(blob_key)
+
+
+@router.put("/training_runs/{model_id}/checkpoints/{kind}/{name}/ttl")
+async def checkpoint_ttl(
+    model_id: str, kind: str, name: str, body: schemas.CheckpointTtl, tenant: TenantDep, session: SessionDep
+) -> None:
+    """Expire the checkpoint `ttl_seconds` from now (None: never); the reaper deletes it then."""
+    path = _checkpoint_path(model_id, f"{kind}/{name}")
+    row = await _db(session, _find_checkpoint, tenant_id=tenant.id, path=path, param="checkpoint_id")
+    await _db(session, set_tinker_checkpoint_ttl, row=row, ttl_seconds=body.ttl_seconds)
+
+
+@router.post("/weights_info")
+async def weights_info(body: schemas.WeightsInfo, tenant: TenantDep, session: SessionDep) -> dict[str, Any]:
+    """What loading a checkpoint needs (`RestClient.get_weights_info_by_tinker_path`): its base, its LoRA."""
+    row = await _db(
+        session, _find_checkpoint, tenant_id=tenant.id, path=body.tinker_path, param="tinker_path"
+    )
+    run = await _db(
+        session, runs.find_run, tenant_id=tenant.id, run_id=row.training_run_id, param="tinker_path"
+    )
+    return {
+        "base_model": row.base_model,
+        "is_lora": True,
+        "lora_rank": run.spec["rank"],
+        "train_unembed": run.spec.get("train_unembed", True),
+        "train_mlp": run.spec.get("train_mlp", True),
+        "train_attn": run.spec.get("train_attn", True),
+    }
 
 
 # --- not served -------------------------------------------------------------------------------------------
@@ -478,20 +683,23 @@ async def checkpoints(model_id: str, tenant: TenantDep, tinker: TinkerDep) -> di
 # a BadRequestError (a 501 would be retried by the SDK as a server error, for minutes)
 UNSUPPORTED = [
     ("POST", "/create_custom_loss", "custom loss graphs (forward_backward_custom runs them client-side)"),
-    ("POST", "/telemetry", "telemetry (set TINKER_TELEMETRY=0 in the client)"),
     ("POST", "/auth/token", "JWT exchange (send tml- + a tunehouse API key)"),
+    ("GET", "/auth/apikey/me", "API key introspection (tunehouse keys: `tunehouse keys`)"),
+    ("DELETE", "/auth/apikey/me", "API key deletion (tunehouse keys: `tunehouse keys revoke`)"),
     ("GET", "/billing/usage/events", "billing"),
     ("GET", "/billing/usage/checkpoints/current", "billing"),
     ("GET", "/audit", "audit logs"),
     ("POST", "/training_runs/{model_id}/checkpoints/{kind}/{name}/publish", "publishing checkpoints"),
     ("DELETE", "/training_runs/{model_id}/checkpoints/{kind}/{name}/publish", "publishing checkpoints"),
-    ("PUT", "/training_runs/{model_id}/checkpoints/{kind}/{name}/ttl", "checkpoint TTLs"),
-    ("POST", "/save_weights_external", "external weights"),
+    ("POST", "/save_weights_external", "external weights (download a checkpoint with /v1/models instead)"),
     ("GET", "/training_runs/{model_id}/checkpoints/{kind}/{name}/external_weights_urls", "external weights"),
     ("POST", "/copy_weights", "copying weights between accounts"),
     ("POST", "/join_sampling_session", "joining sampling sessions"),
     ("POST", "/retrieve_futures", "session-wide future polling"),
     ("POST", "/cancel_future", "cancelling futures"),
+    ("POST", "/sessions/search", "session search"),
+    ("PUT", "/sessions/{session_id}/project", "projects"),
+    ("GET", "/sessions/{session_id}/trace_export", "trace export"),
 ]
 
 

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+    # NaN and infinity are refused at the boundary (Python's json writes and reads them)
+    model_config = ConfigDict(extra="ignore", protected_namespaces=(), allow_inf_nan=False)
 
 
 class CreateSession(_In):
@@ -50,12 +51,14 @@ class ModelRef(_In):
 
 
 class AdamParams(_In):
-    learning_rate: float = Field(default=1e-4, ge=0)
+    # the bounds refuse what can only be a mistake (a learning rate of 1e308 turns every weight to inf)
+    # and stay far wider than any run uses: LoRA learning rates are 1e-6..1e-2
+    learning_rate: float = Field(default=1e-4, ge=0, le=10)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.95, ge=0, lt=1)
-    eps: float = Field(default=1e-12, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip_norm: float = Field(default=0.0, ge=0)
+    eps: float = Field(default=1e-12, gt=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    grad_clip_norm: float = Field(default=0.0, ge=0, le=1e6)
 
 
 class OptimStep(_In):
@@ -71,6 +74,24 @@ class SaveWeights(_In):
     seq_id: int | None = None
     sampling_session_seq_id: int | None = None
     kind: str = "snapshot"
+    ttl_seconds: int | None = Field(default=None, ge=1, le=10 * 365 * 86400)
+
+
+class FinishReason(_In):
+    type: str = "success"
+
+
+class FinishSession(_In):
+    reason: FinishReason = FinishReason()
+    detail: str | None = None
+
+
+class CheckpointTtl(_In):
+    ttl_seconds: int | None = Field(default=None, ge=1, le=10 * 365 * 86400)
+
+
+class WeightsInfo(_In):
+    tinker_path: str
 
 
 class LoadWeights(_In):
@@ -105,7 +126,7 @@ class SamplingParams(_In):
     seed: int | None = None
     stop: str | list[str] | list[int] | None = None
     temperature: float = Field(default=1.0, ge=0)
-    top_k: int = -1
+    top_k: int = Field(default=-1, ge=-1)
     top_p: float = Field(default=1.0, gt=0, le=1)
 
 
@@ -118,10 +139,11 @@ class Sample(_In):
     sampling_session_id: str | None = None
     seq_id: int | None = None
     prompt_logprobs: bool | None = None
-    topk_prompt_logprobs: int = 0
+    topk_prompt_logprobs: int = Field(default=0, ge=0, le=64)
     topk_sample_logprobs: int = 0
     target_prompt_logprobs: Any = None
     prompt_alt_tokens_k: int = 0
+    record_stability_info: bool | None = None
 
 
 class RetrieveFuture(_In):

@@ -2,9 +2,11 @@
 calls sent to the host that holds the adapter, futures read back. No torch: the work runs on a Tinker
 host (worker/tinker_host.py); the way there and back is service/tinker/channel.py.
 
-What survives what: sessions, training runs, sampling sessions and results live in Redis (the runs'
-checkpoints in the blob store). A host that dies loses its adapters' state since their last
-`save_state`: calls it had taken or queued fail (`retrieve_future` answers the SDK's failed-request
+What survives what: sessions and training runs are durable in PostgreSQL (service/tinker/runs.py), their
+checkpoints' metadata too (service/base_models/tinker_checkpoints.py) and their files in the blob store;
+Redis holds what is transient: the live part of sessions and runs (which host, counters), sampling
+sessions, recorded samples, queued calls and results. A host that dies loses its adapters' state since
+their last `save_state`: calls it had taken or queued fail (`retrieve_future` answers the SDK's failed-request
 shape, category `server`), and a later call of one of its clients answers 410 `tinker_client_lost`
 naming the way back (`create_training_client_from_state` with the last saved path).
 """
@@ -29,6 +31,26 @@ from service.tinker.channel import Call, Result, key
 
 SESSION_TTL_SECONDS = 7 * 86400
 WAIT_SECONDS = 10.0  # one retrieve_future waits this long for a result before answering try_again
+# a sequence sampled with record_stability_info can be trained on for a day after it was sampled or last
+# trained on (Tinker's rule)
+RECORD_TTL_SECONDS = 86400
+
+
+class QueueFull(AppError):
+    """429 with Retry-After: the tenant has as many calls waiting on this worker as it may."""
+
+    status_code = 429
+    type = "rate_limit_error"
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(
+            f"Too many Tinker calls waiting: at most {cap} per organization on a worker; wait for results "
+            "(retrieve_future) before sending more.",
+            code="tinker_queue_full",
+        )
+
+    def headers(self) -> dict[str, str] | None:
+        return {"retry-after": "1"}
 
 
 class ClientLost(AppError):
@@ -79,13 +101,15 @@ def _strs(raw: dict[Any, Any]) -> dict[str, str]:
 class Tinker:
     """One per API process: the Redis connection and the calls."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, max_queued: int = 256) -> None:
+        self.max_queued = max_queued
         if not redis_url:
             raise ServiceUnavailable(
                 "The Tinker API needs Redis (set TUNEHOUSE_REDIS_URL); the embedded default has none.",
                 code="tinker_unavailable",
             )
         self.redis = Redis.from_url(redis_url, socket_connect_timeout=1.0, socket_timeout=None)
+        self._push = self.redis.register_script(channel.PUSH)
 
     # --- sessions ---------------------------------------------------------------------------------------
 
@@ -93,10 +117,31 @@ class Tinker:
         session_id = new_id("tsession")
         session_key = key("session", session_id)
         await self.redis.hset(
-            session_key, mapping={"tenant_id": tenant_id, "created": time.time(), "heartbeat": time.time()}
+            session_key,
+            mapping={
+                "tenant_id": tenant_id,
+                "created": time.time(),
+                "heartbeat": time.time(),
+                "metadata": json.dumps(metadata),
+            },
         )
         await self.redis.expire(session_key, SESSION_TTL_SECONDS)
         return session_id
+
+    async def restore_session(self, tenant_id: str, session_id: str, metadata: dict[str, Any]) -> None:
+        """A session PostgreSQL knows and Redis lost (a restart) is live again."""
+        session_key = key("session", session_id)
+        mapping: dict[FieldT, EncodableT] = {
+            "tenant_id": tenant_id,
+            "created": time.time(),
+            "heartbeat": time.time(),
+            "metadata": json.dumps(metadata),
+        }
+        await self.redis.hset(session_key, mapping=mapping)
+        await self.redis.expire(session_key, SESSION_TTL_SECONDS)
+
+    async def session_samplers(self, session_id: str) -> list[str]:
+        return sorted(_str(s) for s in await self.redis.smembers(key("session_samplers", session_id)))
 
     async def heartbeat(self, tenant_id: str, session_id: str) -> None:
         await self._session(tenant_id, session_id)
@@ -169,7 +214,6 @@ class Tinker:
                 "calls": 0,
             },
         )
-        await self.redis.sadd(key("models", tenant_id), model_id)
         await self.redis.sadd(key("host_models", host), model_id)
         return model_id, host
 
@@ -182,21 +226,54 @@ class Tinker:
 
     # --- calls ------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def new_request_id() -> str:
+        return f"treq-{secrets.token_hex(12)}"
+
     async def send(
-        self, host: str, op: str, tenant_id: str, args: dict[str, Any], *, model_id: str | None = None
+        self,
+        host: str,
+        op: str,
+        tenant_id: str,
+        args: dict[str, Any],
+        *,
+        model_id: str | None = None,
+        client: str | None = None,
+        request_id: str | None = None,
     ) -> str:
-        """Queue one call on `host`; its request id, for `retrieve_future`."""
-        request_id = f"treq-{secrets.token_hex(12)}"
+        """Queue one call on `host` in the queue of its client (`model_id`, or `client` for a sampling
+        session); its request id, for `retrieve_future`. QueueFull when the tenant has too many waiting."""
+        request_id = request_id or self.new_request_id()
         call = Call(request_id=request_id, op=op, tenant_id=tenant_id, args=args)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(channel.key("request", request_id), mapping={"host": host, "tenant_id": tenant_id})
             pipe.expire(channel.key("request", request_id), channel.REQUEST_TTL_SECONDS)
-            pipe.lpush(channel.key("requests", host), call.encode())
-            if model_id is not None:
+            await pipe.execute()
+        keys = channel.queue_keys(host, tenant_id, model_id or client or "-")
+        if (
+            await self._push(
+                keys=keys, args=[call.encode(), tenant_id, model_id or client or "-", self.max_queued]
+            )
+            == -1
+        ):
+            await self.redis.delete(channel.key("request", request_id))
+            raise QueueFull(self.max_queued)
+        if model_id is not None:
+            async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hset(key("model", model_id), "last_request", time.time())
                 pipe.hincrby(key("model", model_id), "calls", 1)
-            await pipe.execute()
+                await pipe.execute()
         return request_id
+
+    async def counters(self, model_id: str) -> dict[str, str]:
+        """A run's live counters (calls, steps, last_loss, last_request); none after Redis lost them."""
+        found = _strs(await self.redis.hgetall(key("model", model_id)))
+        return {k: v for k, v in found.items() if k in ("calls", "steps", "last_loss", "last_request")}
+
+    async def context_of(self, base_model: str) -> int | None:
+        """The context length of `base_model` as a host loaded it; None before any host did."""
+        found = await self.redis.get(key("context", base_model))
+        return None if found is None else int(found)
 
     async def retrieve(self, tenant_id: str, request_id: str) -> Result | None:
         """The call's result, waiting up to WAIT_SECONDS; None: not done yet (the SDK asks again).
@@ -237,7 +314,7 @@ class Tinker:
         host: str | None = None,
     ) -> str:
         await self._session(tenant_id, session_id)
-        mapping: dict[FieldT, EncodableT] = {"tenant_id": tenant_id}
+        mapping: dict[FieldT, EncodableT] = {"tenant_id": tenant_id, "session_id": session_id}
         if model_path is not None:
             path = TinkerPath.parse(model_path, param="model_path")
             run = await self.model(tenant_id, path.model_id, param="model_path")
@@ -250,7 +327,23 @@ class Tinker:
         sampling_session_id = new_id("tsampler")
         await self.redis.hset(key("sampling", sampling_session_id), mapping=mapping)
         await self.redis.expire(key("sampling", sampling_session_id), SESSION_TTL_SECONDS)
+        await self.redis.sadd(key("session_samplers", session_id), sampling_session_id)
+        await self.redis.expire(key("session_samplers", session_id), SESSION_TTL_SECONDS)
         return sampling_session_id
+
+    # --- recorded samples (stable_reinforce) ------------------------------------------------------------
+
+    async def recorded(self, tenant_id: str, session_id: str, ids: set[str]) -> dict[str, dict[str, Any]]:
+        """The sequences of `ids` that this session sampled with record_stability_info, by id; each one
+        read is kept another RECORD_TTL_SECONDS. Another session's (or tenant's) is absent."""
+        found: dict[str, dict[str, Any]] = {}
+        for sequence_id in ids:
+            record = _strs(await self.redis.hgetall(key("sequence", sequence_id)))
+            if record.get("tenant_id") != tenant_id or record.get("session_id") != session_id:
+                continue
+            await self.redis.expire(key("sequence", sequence_id), RECORD_TTL_SECONDS)
+            found[sequence_id] = {name: json.loads(record[name]) for name in ("prompt", "tokens", "logprobs")}
+        return found
 
     async def sampling_session(self, tenant_id: str, sampling_session_id: str) -> dict[str, str]:
         session = _strs(await self.redis.hgetall(key("sampling", sampling_session_id)))
@@ -262,17 +355,6 @@ class Tinker:
             session["host"] = await self.pick_host()
             await self.redis.hset(key("sampling", sampling_session_id), "host", session["host"])
         return session
-
-    # --- listings ---------------------------------------------------------------------------------------
-
-    async def runs(self, tenant_id: str) -> list[dict[str, str]]:
-        ids = sorted((_str(m) for m in await self.redis.smembers(key("models", tenant_id))), reverse=True)
-        return [await self.model(tenant_id, model_id) for model_id in ids]
-
-    async def checkpoints(self, tenant_id: str, model_id: str) -> list[dict[str, Any]]:
-        await self.model(tenant_id, model_id)
-        raw = await self.redis.hgetall(key("checkpoints", model_id))
-        return sorted((json.loads(v) for v in raw.values()), key=lambda c: c["time"])
 
 
 async def guard(call: Any) -> Any:

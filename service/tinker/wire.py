@@ -117,10 +117,23 @@ def _map_entry(buf: bytes) -> tuple[str, bytes | int]:
     return key, value
 
 
+@dataclass(frozen=True)
+class Span:
+    """One run of a datum's provenance (`Datum.with_provenance`): `length` positions that are positions
+    `offset...` of sequence `sequence_id`'s prompt (`sampled` False) or of its sampled tokens."""
+
+    sampled: bool
+    sequence_id: str
+    offset: int
+    length: int
+
+
 @dataclass
 class Datum:
     tokens: list[int]
     inputs: dict[str, list[float] | list[int]]
+    # the provenance of the loss rows (the targets), None without provenance
+    spans: list[Span] | None = None
 
 
 @dataclass
@@ -133,9 +146,25 @@ class ForwardBackward:
     loss_fn_config: dict[str, float] = field(default_factory=dict)
 
 
+def _span(buf: bytes) -> Span:
+    for number, value in fields(buf):
+        if number in (1, 2):  # prompt_tokens | sampled_tokens, each {sequence_id, offset, length}
+            sequence_id, offset, length = "", 0, 0
+            for inner, scalar in fields(_bytes(value)):
+                if inner == 1:
+                    sequence_id = _bytes(scalar).decode()
+                elif inner == 2:
+                    offset = _int(scalar)
+                elif inner == 3:
+                    length = _int(scalar)
+            return Span(number == 2, sequence_id, offset, length)
+    raise WireError("a provenance span names neither prompt nor sampled tokens")
+
+
 def _datum(buf: bytes) -> Datum:
     tokens: list[int] = []
     inputs: dict[str, list[float] | list[int]] = {}
+    spans: list[Span] | None = None
     for number, value in fields(buf):
         if number == 1:  # a Chunk; only encoded_text (field 1) is served
             for chunk_number, chunk in fields(_bytes(value)):
@@ -147,7 +176,9 @@ def _datum(buf: bytes) -> Datum:
         elif number == 2:
             key, tensor = _map_entry(_bytes(value))
             inputs[key] = _tensor(_bytes(tensor))
-    return Datum(tokens=tokens, inputs=inputs)
+        elif number == 4:  # loss_fn_input_spans (3, the input's, says nothing the targets' do not)
+            spans = [*(spans or []), _span(_bytes(value))]
+    return Datum(tokens=tokens, inputs=inputs, spans=spans)
 
 
 def read_forward_backward(body: bytes) -> ForwardBackward:
@@ -251,7 +282,21 @@ class Sequence:
     stop_reason: str  # "stop" | "length"
 
 
-def write_sample_response(sequences: list[Sequence], prompt_logprobs: list[float] | None = None) -> bytes:
+def _topk(rows: list[list[tuple[int, float]]], k: int) -> bytes:
+    """`TopkLogprobs{token_ids, logprobs, k, length}`: `length` rows of `k` (id, log-prob), row-major."""
+    msg = bytearray()
+    _len_field(msg, 1, _packed([t for row in rows for t, _ in row], "i"))
+    _len_field(msg, 2, _packed([lp for row in rows for _, lp in row], "f"))
+    _varint_field(msg, 3, k)
+    _varint_field(msg, 4, len(rows))
+    return bytes(msg)
+
+
+def write_sample_response(
+    sequences: list[Sequence],
+    prompt_logprobs: list[float] | None = None,
+    topk_prompt: list[list[tuple[int, float]]] | None = None,
+) -> bytes:
     out = bytearray()
     for seq in sequences:
         msg = bytearray()
@@ -261,4 +306,6 @@ def write_sample_response(sequences: list[Sequence], prompt_logprobs: list[float
         _len_field(out, 1, bytes(msg))
     if prompt_logprobs is not None:
         _len_field(out, 2, _packed(prompt_logprobs, "f"))
+    if topk_prompt:
+        _len_field(out, 3, _topk(topk_prompt, len(topk_prompt[0])))
     return bytes(out)

@@ -27,7 +27,7 @@ from trainers.core.config import RolloutConfig, TrainingConfig, knob, registry_d
 from trainers.core.errors import DataError
 from trainers.families.entry import TrainEntry
 from trainers.formats import FileFormat
-from trainers.method_docs import FORMAT_SHAPES, render
+from trainers.method_docs import FORMAT_SHAPES, PAGES, render
 from trainers.registry import LOOP_METRICS, METHODS, Hyperparameter, resolve
 from trainers.rewards.reward_set import RewardSet
 
@@ -257,7 +257,8 @@ def test_a_one_step_run_emits_exactly_the_declared_metrics(
     assert set(rec.evals[-1]) == {"step", "epoch", *loss} | _expand(method.eval_metrics, "g")
 
 
-def test_docs_methods_and_hyperparameters_are_generated_from_the_registry() -> None:
-    page = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text(encoding="utf-8")
-    assert render(page) == page, "docs/methods.md is stale: run `make docs`"
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_docs_tables_are_generated_from_their_declarations(name: str) -> None:
+    page = (Path(__file__).resolve().parents[2] / name).read_text(encoding="utf-8")
+    assert render(page, PAGES[name]) == page, f"{name} is stale: run `make docs`"
     assert set(FORMAT_SHAPES) == {f.value for f in FileFormat}

@@ -53,6 +53,69 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """OpenAI's rule for a function's name."""
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a chat row, as docs/data-formats.md lists it (``trainers.method_docs`` renders it)."""
+
+    where: str  # "row", "message", "assistant message", "tool message"
+    name: str
+    accepts: str
+    meaning: str
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("row", "messages", "array of messages", "the conversation"),
+    Field(
+        "row",
+        "tools",
+        '`[{"type": "function", "function": {"name", "description", "parameters", "strict"}}]`',
+        "the functions the model may call; the template writes their schemas into the prompt (not trained)",
+    ),
+    Field("row", "functions", '`[{"name", "description", "parameters"}]`', "legacy: read as `tools`"),
+    Field(
+        "row",
+        "parallel_tool_calls",
+        "`true` \\| `false`",
+        "`false`: an assistant message makes at most one call",
+    ),
+    Field(
+        "message",
+        "role",
+        ", ".join(f"`{r}`" for r in ROLES),
+        "`developer` is read as `system` (OpenAI treats them alike); `function` (legacy) as `tool`",
+    ),
+    Field(
+        "message",
+        "content",
+        'string, or `[{"type": "text", "text"}]`',
+        "text parts are joined; null or empty on an assistant message that calls tools",
+    ),
+    Field("message", "name", "string", "handed to the template as it is"),
+    Field(
+        "assistant message",
+        "tool_calls",
+        '`[{"id", "type": "function", "function": {"name", "arguments"}}]`',
+        "trained; `arguments` a JSON object, as a string (OpenAI's) or an object; a missing `id` is made",
+    ),
+    Field("assistant message", "function_call", '`{"name", "arguments"}`', "legacy: read as one tool call"),
+    Field(
+        "assistant message",
+        " / ".join(REASONING_KEYS),
+        "string",
+        "the turn's reasoning, trained where the family's template writes it; or a leading "
+        "`<think>...</think>` in `content`",
+    ),
+    Field("assistant message", "weight", "`0` \\| `1`", "`0`: context only, not trained (default `1`)"),
+    Field(
+        "tool message",
+        "tool_call_id",
+        "string",
+        "the call it answers (default: the first call without a result); a `function` message answers "
+        "the latest call of its `name`",
+    ),
+)
+
 _SHOWN = 40
 
 
@@ -75,6 +138,7 @@ class Conversation:
     paths: list[str]  # where each message was in the row, for errors: "messages[2]", "preferred_output[0]"
     tools: list[dict[str, Any]] | None = None
     parallel_tool_calls: bool | None = None
+    tools_field: str = "tools"  # where the tools were in the row ("input.tools", "functions"), for errors
     # the tool calls made so far that no tool message answered yet, in order: (id, name)
     open_calls: list[tuple[str, str]] = field(default_factory=list, repr=False)
     call_names: dict[str, str] = field(default_factory=dict, repr=False)  # every call's id -> name
@@ -391,8 +455,17 @@ def read_chat(
     tools_prefix: str = "",
 ) -> Conversation:
     """Read a message list (at ``path``), with the tools of ``tools_from`` (a row, or its ``input``)."""
-    tools, parallel = read_tools(tools_from or {}, tools_prefix)
-    chat = Conversation(messages=[], weights=[], paths=[], tools=tools, parallel_tool_calls=parallel)
+    source = tools_from or {}
+    tools, parallel = read_tools(source, tools_prefix)
+    key = "functions" if source.get("tools") is None and source.get("functions") is not None else "tools"
+    chat = Conversation(
+        messages=[],
+        weights=[],
+        paths=[],
+        tools=tools,
+        parallel_tool_calls=parallel,
+        tools_field=tools_prefix + key,
+    )
     return continue_chat(chat, messages, path)
 
 
@@ -408,6 +481,7 @@ def continue_chat(
         paths=list(chat.paths),
         tools=chat.tools,
         parallel_tool_calls=chat.parallel_tool_calls,
+        tools_field=chat.tools_field,
         open_calls=list(chat.open_calls),
         call_names=dict(chat.call_names),
     )

@@ -93,6 +93,8 @@ class AdapterHost:
         self.device = device or torch.device("cpu")
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
         self.vocab_size = int(base.config.vocab_size)
+        # the longest sequence the base takes: a sample's prompt plus max_tokens must fit in it
+        self.context = int(getattr(base.config, "max_position_embeddings", 0) or 2048)
         self.base: torch.nn.Module = torch.nn.Module.to(base, self.device)
         self.base.requires_grad_(False)
         self.model: PeftModel | None = None
@@ -309,6 +311,7 @@ class AdapterHost:
         stop_tokens: set[int],
         seed: int | None,
         stops_at: Callable[[list[int]], bool] | None = None,
+        top_k: int = 0,
     ) -> list[Sampled]:
         """`num_samples` continuations of `prompt`; each token's log-probability is the model's own
         (before temperature), what importance sampling needs. A stop token ends a sequence and is kept;
@@ -318,7 +321,7 @@ class AdapterHost:
         self._check_ids(prompt, "prompt")
         with self._policy(adapter) as model:
             return self._decode(
-                model, prompt, num_samples, max_tokens, temperature, top_p, stop_tokens, seed, stops_at
+                model, prompt, num_samples, max_tokens, temperature, top_p, top_k, stop_tokens, seed, stops_at
             )
 
     @contextmanager
@@ -336,11 +339,25 @@ class AdapterHost:
         yield self._activate(adapter)
 
     @torch.no_grad()
-    def prompt_logprobs(self, adapter: str | None, prompt: list[int]) -> list[float]:
-        """log p(prompt_t | prompt_<t) for each position; NaN at position 0 (nothing precedes it)."""
+    def prompt_logprobs(
+        self, adapter: str | None, prompt: list[int], *, top: int = 0
+    ) -> tuple[list[float], list[list[tuple[int, float]]] | None]:
+        """log p(prompt_t | prompt_<t) for each position, NaN at position 0 (nothing precedes it); and with
+        `top` > 0 the `top` most likely tokens at each position with their log-probabilities, position 0
+        filled with the SDK's "none" sentinel (token 0, log-prob -99999)."""
         with self._policy(adapter) as model:
-            scored = self._logprobs(model, [prompt], [[*prompt[1:], 0]])[0]
-        return [float("nan"), *scored[:-1].tolist()]
+            logits = model(input_ids=torch.tensor([prompt], device=self.device), use_cache=False).logits
+            table = logits.float().log_softmax(dim=-1)[0]
+        scored = table[:-1].gather(-1, torch.tensor(prompt[1:], device=self.device).unsqueeze(-1)).squeeze(-1)
+        ranked = None
+        if top > 0:
+            values, ids = table[:-1].topk(min(top, self.vocab_size), dim=-1)
+            none = [(0, -99999.0)] * values.shape[-1]
+            ranked = [none] + [
+                list(zip(row_ids, row_values, strict=True))
+                for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
+            ]
+        return [float("nan"), *scored.tolist()], ranked
 
     def _decode(
         self,
@@ -350,6 +367,7 @@ class AdapterHost:
         max_tokens: int,
         temperature: float,
         top_p: float,
+        top_k: int,
         stop_tokens: set[int],
         seed: int | None,
         stops_at: Callable[[list[int]], bool] | None,
@@ -367,7 +385,7 @@ class AdapterHost:
             result = model(input_ids=step_input, use_cache=True, logits_to_keep=1, **{KV_CACHE: past})
             past = getattr(result, KV_CACHE)
             logits = result.logits[:, -1, :].float()
-            picked = pick_next(logits, temperature=temperature, top_p=top_p, generator=generator)
+            picked = pick_next(logits, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator)
             logprobs = logits.log_softmax(dim=-1).gather(-1, picked.unsqueeze(-1)).squeeze(-1)
             for row, (token, logprob) in enumerate(zip(picked.tolist(), logprobs.tolist(), strict=True)):
                 if done[row]:

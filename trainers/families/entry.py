@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.architectures import problem as architecture_problem
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import TrainingConfig
 from trainers.core.errors import DataError
 from trainers.core.rng import seed_everything
 from trainers.families.shared_base import seat_of_this_thread, shareable
 from trainers.kernels.install import install_kernels
-from trainers.modeling.loading import ModelSettings, load_model, load_sequence_classifier, load_tokenizer
+from trainers.modeling.loading import (
+    ModelSettings,
+    load_model,
+    load_sequence_classifier,
+    load_tokenizer,
+    model_type,
+)
 from trainers.registry import get_method
 
 if TYPE_CHECKING:
@@ -48,8 +55,15 @@ class TrainEntry(Protocol):
 def begin_training(
     config: TrainingConfig, *, valid_rows: Rows | None, rewards: RewardSet | None
 ) -> PreTrainedTokenizerBase:
-    """Check the config's ranges and that the inputs fit the method, seed everything, load the tokenizer."""
+    """Check the config's ranges, that the model's architecture takes the features it asks for
+    (``trainers.architectures.problem``: the check the service makes at job creation, repeated for a
+    model the service could not read) and that the inputs fit the method; seed everything, load the
+    tokenizer."""
     config.validate()
+    problem = architecture_problem(model_type(config.model_path), config.hyperparameters())
+    if problem is not None:
+        name, message = problem
+        raise DataError(message, param=f"hyperparameters.{name}")
     method = get_method(config.method)
     if method.grader and rewards is None:
         raise DataError(f"method '{method.name}' needs a grader (reward functions)", param="grader")

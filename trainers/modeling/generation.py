@@ -124,16 +124,25 @@ def stop_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
 
 
 def pick_next(
-    logits: torch.Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    top_k: int = 0,
 ) -> torch.Tensor:
     """Next token per row of `logits` (B, V): argmax at temperature 0, else nucleus sampling
     (``generator`` None: torch's default one of the logits' device).
 
-    Nucleus (Holtzman et al. 2019): keep the smallest set of tokens whose probability reaches `top_p`
-    (the most likely token always stays), renormalise, sample.
+    Top-k (`top_k` > 0) first keeps the k most likely tokens; nucleus (Holtzman et al. 2019) then keeps
+    the smallest set of tokens whose probability reaches `top_p` (the most likely token always stays),
+    renormalise, sample.
     """
     if temperature <= 0.0:
         return logits.argmax(dim=-1)
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
