@@ -76,6 +76,7 @@ def _chat_prompt(task: InferenceTask, tokenizer: Any) -> ChatPrompt:
         weights=[0] * len(messages),  # the same paths as the API's read_chat gave them
         paths=[f"messages[{i}]" for i in range(len(messages))],
         tools=task.tools,
+        tools_field=task.tools_field,
     )
     try:
         return chat_prompt(tokenizer, chat, tool_choice=task.tool_choice, function=task.tool_name)

@@ -23,6 +23,7 @@ ToolChoice = Literal["none", "auto", "required", "function"]
 class ChatRequest:
     messages: list[dict[str, Any]]  # as templates read them
     tools: list[dict[str, Any]] | None
+    tools_field: str  # the parameter that gave them: tools, or the legacy functions
     tool_choice: ToolChoice
     tool_name: str | None  # the function a "function" choice names
     single_tool_call: bool  # at most one call per reply (parallel_tool_calls false, or legacy functions)
@@ -46,6 +47,7 @@ def read_request(request: ChatCompletionRequest) -> ChatRequest:
     return ChatRequest(
         messages=chat.messages,
         tools=chat.tools,
+        tools_field=chat.tools_field,
         tool_choice=choice,
         tool_name=name,
         single_tool_call=legacy or request.parallel_tool_calls is False,

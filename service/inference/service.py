@@ -83,6 +83,7 @@ def build_task(
             kind="chat",
             messages=chat.messages,
             tools=chat.tools,
+            tools_field=chat.tools_field,
             tool_choice=chat.tool_choice,
             tool_name=chat.tool_name,
             single_tool_call=chat.single_tool_call,

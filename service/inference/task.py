@@ -34,6 +34,7 @@ class InferenceTask(BaseModel):
     # kind == "chat": the messages and tools as chat templates read them (trainers.chat.rows.read_chat)
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    tools_field: str = "tools"  # the request's parameter that gave them ("functions": the legacy one)
     tool_choice: Literal["none", "auto", "required", "function"] = "none"
     tool_name: str | None = None  # the function a "function" tool_choice names
     single_tool_call: bool = False  # end each choice at its first call (parallel_tool_calls false, functions)

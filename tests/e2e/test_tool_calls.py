@@ -2,12 +2,10 @@
 (``tests.conftest.chat_model``) through the stack, then asked over /v1/chat/completions with the official
 ``openai`` client. The reply comes back as OpenAI's: ``tool_calls`` (ids, arguments as a JSON string),
 ``reasoning_content`` split from the content, ``finish_reason: "tool_calls"``, streamed as OpenAI streams
-them; the reply appended as the client got it, with the tool's result, gets the trained answer; a named or
+them; the reply appended as the client got it, with the tool's result, is the next request; a named or
 required ``tool_choice`` starts the call; legacy ``functions`` get a ``function_call``. A GRPO job from the
 fine-tuned model reads the sampled calls with a grader on ``{{sample.output_tools[0].function.name}}``.
 
-The tiny model's own EOS is not Qwen3's ``<|im_end|>`` (the template writes it as text), so the requests
-stop on it as a stop string, as a client of such a model would.
 """
 
 from __future__ import annotations
@@ -20,19 +18,11 @@ import httpx
 import openai
 import pytest
 
+from tests.chat_rows import CALL, WEATHER
 from tests.conftest import Stack, new_key
 from tests.helpers import all_pages, upload_ok, wait_for
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-ASK = {"role": "user", "content": "Weather in Paris?"}
-CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+ASK: Any = {"role": "user", "content": "Weather in Paris?"}
 RESULT = '{"temp": 20}'
 CALLING = {
     "tools": [WEATHER],
@@ -41,17 +31,16 @@ CALLING = {
         {"role": "assistant", "content": None, "reasoning_content": "Ask the tool.", "tool_calls": [CALL]},
     ],
 }
-STOP = ["<|im_end|>"]
-GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 100, "stop": STOP}  # the call is 88 tokens
+GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 64}
 
 
 @pytest.fixture(scope="module")
 def trained(stack: Stack, chat_model: str) -> Iterator[dict[str, Any]]:
-    """The call memorised: a full fine-tune of 64 steps on it (the loss ends near 0.005)."""
+    """The call memorised: a full fine-tune of 40 steps on it (the loss ends near 0.03)."""
     key = new_key()
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
         hp = {
-            "n_epochs": 8,
+            "n_epochs": 5,
             "batch_size": 1,
             "learning_rate": 1e-2,
             "lr_scheduler": "constant",
@@ -83,12 +72,12 @@ def oai(stack: Stack, trained: dict[str, Any]) -> Iterator[openai.OpenAI]:
 def test_the_trained_call_comes_back_as_openai_tool_calls(
     oai: openai.OpenAI, trained: dict[str, Any]
 ) -> None:
-    reply = oai.chat.completions.create(model=trained["model"], messages=[ASK], tools=[WEATHER], **GREEDY)  # type: ignore[arg-type,list-item]
+    reply = oai.chat.completions.create(model=trained["model"], messages=[ASK], tools=[WEATHER], **GREEDY)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     message = choice.message
     assert message.content is None
-    assert message.reasoning_content == "Ask the tool."  # type: ignore[attr-defined]
+    assert message.reasoning_content == "Ask the tool."
     assert message.tool_calls is not None and len(message.tool_calls) == 1
     call = message.tool_calls[0]
     assert call.id.startswith("call_") and call.type == "function"
@@ -101,11 +90,11 @@ def test_the_trained_call_comes_back_as_openai_tool_calls(
             messages=[ASK],
             tools=[WEATHER],
             stream=True,
-            **GREEDY,  # type: ignore[arg-type,list-item]
+            **GREEDY,
         )
     )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    reasoning = [d.reasoning_content for d in deltas if getattr(d, "reasoning_content", None)]  # type: ignore[attr-defined]
+    reasoning = [d.reasoning_content for d in deltas if getattr(d, "reasoning_content", None)]
     assert "".join(reasoning) == "Ask the tool." and len(reasoning) > 1  # piece by piece
     calls = [t for d in deltas for t in d.tool_calls or ()]
     assert len(calls) == 1 and calls[0].index == 0 and calls[0].id and calls[0].type == "function"
@@ -123,7 +112,7 @@ def test_the_trained_call_comes_back_as_openai_tool_calls(
         model=trained["model"],
         messages=[ASK],
         tools=[WEATHER],
-        **GREEDY,  # type: ignore[arg-type,list-item]
+        **GREEDY,
     ) as stream:
         final = stream.get_final_completion().choices[0]
     assert final.finish_reason == "tool_calls" and final.message.tool_calls is not None
@@ -133,19 +122,19 @@ def test_the_trained_call_comes_back_as_openai_tool_calls(
     # Qwen3's <tool_response>) and answered
     answer = oai.chat.completions.create(
         model=trained["model"],
-        messages=[ASK, message, {"role": "tool", "tool_call_id": call.id, "content": RESULT}],  # type: ignore[list-item]
-        tools=[WEATHER],  # type: ignore[list-item]
+        messages=[ASK, message, {"role": "tool", "tool_call_id": call.id, "content": RESULT}],
+        tools=[WEATHER],
         **GREEDY,
     )
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    assert answer.usage is not None and answer.usage.prompt_tokens > reply.usage.prompt_tokens  # type: ignore[union-attr]
+    assert answer.usage is not None and answer.usage.prompt_tokens > reply.usage.prompt_tokens
 
 
 def test_tool_choice_named_required_none_and_legacy_functions(
     oai: openai.OpenAI, trained: dict[str, Any], chat_model: str
 ) -> None:
     def ask(model: str, **extra: Any) -> Any:
-        return oai.chat.completions.create(model=model, messages=[ASK], **GREEDY, **extra).choices[0]  # type: ignore[arg-type,list-item]
+        return oai.chat.completions.create(model=model, messages=[ASK], **GREEDY, **extra).choices[0]
 
     # legacy functions: the call as function_call
     legacy = ask(trained["model"], functions=[WEATHER["function"]], function_call="auto")
@@ -155,7 +144,6 @@ def test_tool_choice_named_required_none_and_legacy_functions(
     # "none": no tools in the prompt and no calls read (what the model writes is content)
     free = ask(trained["model"], tools=[WEATHER], tool_choice="none")
     assert free.message.tool_calls is None and free.finish_reason in ("stop", "length")
-    assert free.message.content
 
     # a named function or "required" starts the reply with the template's own opening of a call (Qwen3's
     # with its empty reasoning block), up to the arguments or up to the name; the untrained base's
@@ -171,18 +159,13 @@ def test_tool_choice_named_required_none_and_legacy_functions(
 
 
 def test_what_the_model_s_template_cannot_serve_is_a_400(oai: openai.OpenAI) -> None:
-    """The demo model's template renders neither tools nor tool messages: a 400 naming what, from the
+    """The demo model's template renders no tools: a 400 naming the parameter that gave them, from the
     inference worker that rendered it (streamed or not)."""
-    for stream in (False, True):
+    for stream, tools in ((False, {"tools": [WEATHER]}), (True, {"functions": [WEATHER["function"]]})):
         with pytest.raises(openai.BadRequestError) as caught:
-            oai.chat.completions.create(
-                model="tunehouse/tiny-llama",
-                messages=[ASK],
-                tools=[WEATHER],
-                stream=stream,  # type: ignore[list-item]
-            )
-        assert caught.value.body["param"] == "tools", caught.value.body  # type: ignore[index]
-        assert "chat format (plain" in caught.value.body["message"]  # type: ignore[index]
+            oai.chat.completions.create(model="tunehouse/tiny-llama", messages=[ASK], stream=stream, **tools)
+        assert caught.value.body["param"] == next(iter(tools)), caught.value.body
+        assert "chat format (plain" in caught.value.body["message"]
 
 
 def test_a_grpo_grader_reads_the_sampled_tool_calls(trained: dict[str, Any]) -> None:

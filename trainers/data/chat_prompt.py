@@ -12,8 +12,9 @@ arguments) begins: Qwen's ``<tool_call>\\n{"name": "``, Llama 3.1's ``{"name": "
 template that writes reasoning before a call (Qwen3) gets its empty reasoning block in the opening: a
 forced call skips the reasoning.
 
-Refusals are ``ChatDataError``s naming the request's parameter: ``tools`` where the template does not
-render them or the model's chat format reads no tool calls, ``tool_choice`` where it renders no tool call.
+Refusals are ``ChatDataError``s naming the request's parameter: ``tools`` (or ``functions``) where the
+template does not render them or the model's chat format reads no tool calls, ``tool_choice`` where it
+renders no tool call.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def chat_prompt(
         return ChatPrompt(prompt_text(tokenizer, replace(chat, tools=None)), "", fmt, tool_calls=False)
     if not fmt.tool_calls:
         raise ChatDataError(
-            "tools",
+            chat.tools_field,
             f"tool calls are not read back from this model's chat format ({fmt.name}: {fmt.families}); "
             "only hermes, llama3_json and harmony templates are",
         )

@@ -14,20 +14,12 @@ from typing import Any
 import pytest
 
 import trainers.chat.formats
+from tests.chat_rows import WEATHER
 from tests.model_families import FAMILIES, family_tokenizer
 from trainers.chat.formats import FORMATS, Delta, Reply, ToolCall, detect_format
 from trainers.chat.rows import read_chat
 from trainers.data.chat import render
 from trainers.modeling.generation import marker_decoder
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def test_doctests_pass() -> None:

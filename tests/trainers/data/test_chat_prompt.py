@@ -10,15 +10,14 @@ from typing import Any
 
 import pytest
 
+from tests.chat_rows import CALL, WEATHER
 from tests.model_families import family_tokenizer
-from tests.trainers.chat.test_reply_formats import WEATHER
 from trainers.chat.formats import ToolCall
 from trainers.chat.rows import read_chat
 from trainers.data.chat import ChatDataError, render
 from trainers.data.chat_prompt import chat_prompt
 
 ASK = {"role": "user", "content": "Weather in Paris?"}
-CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
 
 def conversation(*messages: dict[str, Any], tools: bool = True) -> Any:
