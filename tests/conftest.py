@@ -192,6 +192,15 @@ def chat_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def api_url() -> Iterator[str]:
+    """A real uvicorn server whose broker has no worker: jobs stay queued."""
+    # no inference worker either: a request to try a model gets its 503 after 1 s, not the default 120
+    url, proc = start_server({**IDLE, "TUNEHOUSE_INFERENCE_TIMEOUT_SECONDS": "1"})
+    yield url
+    _stop(proc)
+
+
+@pytest.fixture(scope="session")
 def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """``family_model(name)``: the folder of family ``name``'s tiny model with its real chat template
     (``tests.model_families.FAMILIES``), built on first use, once per test process."""
