@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from service.base_models.weights import ModelWeights
 from service.config import Settings, get_settings
 from service.inference.replies import ReplyWriter, reply_writer
-from service.inference.task import InferenceTask
+from service.inference.task import ChatRequest, InferenceTask
 from service.storage import BlobStore, get_blob_store
 from worker.model_cache import LoadedModel, ModelCache, model_bytes
 from worker.models import resolve_model_path, unpack_checkpoint
@@ -59,7 +59,7 @@ def load_weights(settings: Settings, blobs: BlobStore, weights: ModelWeights) ->
     return LoadedModel(model, tokenizer, model_bytes(model))
 
 
-def _chat_prompt(task: InferenceTask, tokenizer: Any) -> ChatPrompt:
+def _chat_prompt(task: InferenceTask, asked: ChatRequest, tokenizer: Any) -> ChatPrompt:
     """The request's conversation rendered with its tools and tool choice; the template's refusals as
     400s naming the request's parameter."""
     from trainers.chat.rows import Conversation
@@ -70,16 +70,15 @@ def _chat_prompt(task: InferenceTask, tokenizer: Any) -> ChatPrompt:
         raise RequestRefused(
             f"model: '{task.weights.model}' has no chat template; use /v1/completions", param="model"
         )
-    messages = task.messages or []
     chat = Conversation(
-        messages=messages,
-        weights=[0] * len(messages),  # the same paths as the API's read_chat gave them
-        paths=[f"messages[{i}]" for i in range(len(messages))],
-        tools=task.tools,
-        tools_field=task.tools_field,
+        messages=asked.messages,
+        weights=[0] * len(asked.messages),  # the same paths as the API's read_chat gave them
+        paths=[f"messages[{i}]" for i in range(len(asked.messages))],
+        tools=asked.tools,
+        tools_field=asked.tools_field,
     )
     try:
-        return chat_prompt(tokenizer, chat, tool_choice=task.tool_choice, function=task.tool_name)
+        return chat_prompt(tokenizer, chat, tool_choice=asked.tool_choice, function=asked.tool_name)
     except ChatDataError as exc:
         param = exc.field or "messages"
         # the error's own text names the field as "field '...'": say it the API's way
@@ -147,9 +146,10 @@ def generate(task: InferenceTask, loaded: LoadedModel, replies: ReplyWriter) -> 
         readers = None
         keep: tuple[str, ...] = ()
     else:
-        prompt = _chat_prompt(task, tokenizer)
+        assert task.chat is not None
+        prompt = _chat_prompt(task, task.chat, tokenizer)
         prompt_ids = [int(t) for t in tokenizer(prompt.text, add_special_tokens=False)["input_ids"]]
-        readers = [ChoiceReply(prompt, single_call=task.single_tool_call) for _ in range(task.n)]
+        readers = [ChoiceReply(prompt, single_call=task.chat.single_tool_call) for _ in range(task.n)]
         keep = prompt.format.markers
     _check_context(task, loaded.model, len(prompt_ids))
     replies.send({"type": "start", "prompt_tokens": len(prompt_ids)})

@@ -9,25 +9,13 @@ beside `functions`, whose reply is OpenAI's legacy `function_call` (one call) in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from service.errors import BadRequest
 from service.inference.schemas import ChatCompletionRequest, FunctionName, NamedToolChoice
+from service.inference.task import ChatRequest
+from trainers.chat.formats import ToolChoice
 from trainers.chat.rows import RowProblem, read_chat
-
-ToolChoice = Literal["none", "auto", "required", "function"]
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    messages: list[dict[str, Any]]  # as templates read them
-    tools: list[dict[str, Any]] | None
-    tools_field: str  # the parameter that gave them: tools, or the legacy functions
-    tool_choice: ToolChoice
-    tool_name: str | None  # the function a "function" choice names
-    single_tool_call: bool  # at most one call per reply (parallel_tool_calls false, or legacy functions)
-    legacy_functions: bool  # the reply's call as `function_call`, as the legacy `functions` get it
 
 
 def read_request(request: ChatCompletionRequest) -> ChatRequest:

@@ -19,10 +19,11 @@ from service.config import Settings
 from service.dependencies import SessionDep, SettingsDep
 from service.errors import AppError, error_responses
 from service.ids import new_id, now
-from service.inference.chat import ChatRequest, read_request
+from service.inference.chat import read_request
 from service.inference.responses import Choice, Shape, usage
 from service.inference.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from service.inference.service import Answer, build_task, resolve_weights, start_inference
+from service.inference.task import ChatRequest
 
 router = APIRouter(prefix="/v1", tags=["inference"], responses=error_responses(400, 401, 404, 503))
 

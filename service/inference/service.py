@@ -20,10 +20,9 @@ from starlette.concurrency import run_in_threadpool
 from service.base_models.weights import ModelWeights, find_model_weights
 from service.config import Settings
 from service.errors import RETRY_AFTER_SECONDS, AppError, BadRequest, NotFound, ServiceUnavailable
-from service.inference.chat import ChatRequest
 from service.inference.replies import Message, ReplyChannelDown, ReplyReader, reply_reader
 from service.inference.schemas import CompletionRequest, SamplingRequest
-from service.inference.task import INFER_TASK, INFERENCE_QUEUE, InferenceTask
+from service.inference.task import INFER_TASK, INFERENCE_QUEUE, ChatRequest, InferenceTask
 from service.queue import send_task
 
 
@@ -79,16 +78,7 @@ def build_task(
         "deadline": time.time() + settings.inference_timeout_seconds,
     }
     if chat is not None:
-        return InferenceTask(
-            kind="chat",
-            messages=chat.messages,
-            tools=chat.tools,
-            tools_field=chat.tools_field,
-            tool_choice=chat.tool_choice,
-            tool_name=chat.tool_name,
-            single_tool_call=chat.single_tool_call,
-            **common,
-        )
+        return InferenceTask(kind="chat", chat=chat, **common)
     assert isinstance(request, CompletionRequest)
     return InferenceTask(kind="text", prompt=request.prompt, **common)
 

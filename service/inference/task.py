@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from service.base_models.weights import ModelWeights
+from trainers.chat.formats import ToolChoice
 
 INFER_TASK = "tunehouse.infer"
 # Inference has its own queue, consumed by its own worker process (`tunehouse worker --inference`):
@@ -27,17 +28,24 @@ INFER_TASK = "tunehouse.infer"
 INFERENCE_QUEUE = "tunehouse.inference"
 
 
+class ChatRequest(BaseModel):
+    """A chat request's conversation as chat templates read it (trainers.chat.rows.read_chat, by
+    service/inference/chat.py) and what it asks of the reply."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tools_field: str = "tools"  # the request's parameter that gave them ("functions": the legacy one)
+    tool_choice: ToolChoice = "none"
+    tool_name: str | None = None  # the function a "function" tool_choice names
+    single_tool_call: bool = False  # end each choice at its first call (parallel_tool_calls false, functions)
+    legacy_functions: bool = False  # the reply's call as `function_call` (the API's concern: responses.py)
+
+
 class InferenceTask(BaseModel):
     request_id: str
     weights: ModelWeights
     kind: Literal["chat", "text"]
-    # kind == "chat": the messages and tools as chat templates read them (trainers.chat.rows.read_chat)
-    messages: list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tools_field: str = "tools"  # the request's parameter that gave them ("functions": the legacy one)
-    tool_choice: Literal["none", "auto", "required", "function"] = "none"
-    tool_name: str | None = None  # the function a "function" tool_choice names
-    single_tool_call: bool = False  # end each choice at its first call (parallel_tool_calls false, functions)
+    chat: ChatRequest | None = None  # kind == "chat"
     prompt: str | None = None  # kind == "text"
     max_tokens: int
     temperature: float

@@ -37,7 +37,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -45,6 +45,11 @@ PYTHON_TAG = "<|python_tag|>"
 # gpt-oss's harmony markers
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
+
+
+ToolChoice = Literal["none", "auto", "required", "function"]
+"""OpenAI's ``tool_choice``, a named function being ``"function"`` (trainers/data/chat_prompt.py says what
+each does to the prompt and to how the reply is read)."""
 
 
 @dataclass(frozen=True)

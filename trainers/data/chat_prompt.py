@@ -20,15 +20,12 @@ renders no tool call.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from trainers.chat.formats import ChatFormat, detect_format
+from trainers.chat.formats import ChatFormat, ToolChoice, detect_format
 from trainers.chat.rows import Conversation
 from trainers.data.chat import ChatDataError, prompt_text, render
-
-ToolChoice = Literal["none", "auto", "required", "function"]
 
 _PROBE_NAME = "tunehouse_probe_function"
 _PROBE_ARGUMENT = "tunehouse_probe_argument"
