@@ -16,6 +16,7 @@ from service.dependencies import reject_unsafe_url
 from service.errors import install_error_handlers
 from service.files.routes import router as files_router
 from service.graders.routes import router as graders_router
+from service.graders.service import require_python_grader_sandbox
 from service.inference.routes import router as inference_router
 from service.jobs.methods_api import router as methods_router
 from service.jobs.routes import router as jobs_router
@@ -41,6 +42,7 @@ def _freeze_startup_heap() -> None:
 
 @asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    require_python_grader_sandbox(get_settings())  # enabled python graders: refuse to start unsandboxed
     install_drain_on_signals()  # here, not at import: the server has installed its handlers by now
     size_threadpool()
     _freeze_startup_heap()
