@@ -508,6 +508,31 @@ CASES: list[Case] = [
         ),
     ),
     Case(
+        "mp-boundary-71",
+        "POST",
+        "/v1/files",
+        param="file",
+        needle="boundary is longer than 70",
+        content_type="multipart/form-data; boundary=" + "b" * 71,
+        raw=_upload(jsonl(chat_rows(1))).replace(BOUNDARY.encode(), b"b" * 71),
+    ),
+    Case(
+        "mp-9-header-lines",
+        "POST",
+        "/v1/files",
+        param="file",
+        needle="more than 8 header lines",
+        raw=_multipart(
+            _part("purpose", b"fine-tune"),
+            _part(
+                "file",
+                jsonl(chat_rows(1)),
+                raw_disposition=b'form-data; name="file"; filename="t.jsonl"'
+                + b"".join(b"\r\nX-H%d: v" % i for i in range(8)),
+            ),
+        ),
+    ),
+    Case(
         "mp-field-too-long",
         "POST",
         "/v1/files",
