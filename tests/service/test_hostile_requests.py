@@ -674,6 +674,11 @@ CASES: list[Case] = [
     Case("put-files-405", "PUT", "/v1/files", status=405, check=_allow({"GET", "POST"})),
     Case("patch-job-405", "PATCH", "/v1/fine_tuning/jobs/{job}", status=405, check=_allow({"GET"})),
     Case("delete-jobs-405", "DELETE", "/v1/fine_tuning/jobs", status=405, check=_allow({"GET", "POST"})),
+    # `estimate` is the collection's own path, not a job id (OpenAPI: concrete before templated paths)
+    Case("get-estimate-405", "GET", "/v1/fine_tuning/jobs/estimate", status=405, check=_allow({"POST"})),
+    Case(
+        "options-estimate-405", "OPTIONS", "/v1/fine_tuning/jobs/estimate", status=405, check=_allow({"POST"})
+    ),
     Case("unknown-route", "GET", "/v1/assistants", status=404),
     Case(
         "cancel-cancelled-409",
