@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -145,19 +146,22 @@ def test_python_grader_runs_sandboxed_and_reports_its_errors(tmp_path: Path) -> 
     in it is OpenAI's python_grader_runtime_error, not a failed request. Issue 56's probes, sent as
     graders, are each denied by the sandbox: not the API's environment (its metrics token), not its data
     dir, database or Redis, and nothing they start outlives the run."""
-    from tests.conftest import DATA_DIR, new_key
-    from tests.trainers.rewards.sandbox_probes import PROBES, lingering, shared_memory
-    from tests.trainers.rewards.test_sandbox import _context
+    from sqlalchemy.engine import make_url
 
-    context = _context(tmp_path, f"probe-{os.urandom(4).hex()}")
-    context.update(data_dir=str(DATA_DIR), marker="service.app:app")  # the API's own, as a tenant finds them
-    context["shm_id"], remove_shared_memory = shared_memory()
+    from tests.conftest import DATA_DIR, PG_SERVER, REDIS, new_key
+    from tests.trainers.rewards.sandbox_probes import PROBES, context, lingering, shared_memory
+
+    ports = {"postgres_port": make_url(PG_SERVER).port or 5432, "redis_port": urlsplit(REDIS).port or 6379}
+    root = Path(__file__).resolve().parents[2]  # the installation dir
+    probed = context(tmp_path, f"probe-{os.urandom(4).hex()}", install_dir=root, **ports)
+    probed.update(data_dir=str(DATA_DIR), marker="service.app:app")  # the API's own, as a tenant finds them
+    probed["shm_id"], remove_shared_memory = shared_memory()
     url, proc = start_server(
         {
             "TUNEHOUSE_ALLOW_PYTHON_GRADER": "1",
             "TUNEHOUSE_PYTHON_GRADER_TIMEOUT_SECONDS": "3",
             "TUNEHOUSE_PYTHON_GRADER_MEMORY_MB": "256",
-            "TUNEHOUSE_METRICS_TOKEN": context["secret"],
+            "TUNEHOUSE_METRICS_TOKEN": probed["secret"],
         }
     )
     try:
@@ -179,10 +183,10 @@ def test_python_grader_runs_sandboxed_and_reports_its_errors(tmp_path: Path) -> 
             )
             for name, probe in PROBES.items():
                 grader = {"type": "python", "name": "probe", "source": probe}
-                run = c.post(RUN, json={"grader": grader, "model_sample": "x", "item": context})
+                run = c.post(RUN, json={"grader": grader, "model_sample": "x", "item": probed})
                 assert run.status_code == 200, (name, run.text)
                 assert run.json()["reward"] == 0.0, (name, run.json())
-                assert lingering(context) == [], name
+                assert lingering(probed) == [], name
     finally:
         remove_shared_memory()
         _stop(proc)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # Each probe reads what it attacks from `item` (the test's context): the secret in another process'
@@ -177,6 +178,26 @@ def grade(sample, item):
     return float(len(block) > 0)
 """,
 }
+
+
+def context(
+    data_dir: Path, marker: str, *, install_dir: Path, postgres_port: int, redis_port: int
+) -> dict[str, Any]:
+    """What the probes attack, as their `item`: a data dir holding another tenant's file (made here), the
+    installation dir, the database's and Redis' ports, the secret a victim's environment holds and the
+    marker of its command line (`victim`), and the `sleep` argument of what a probe leaves behind."""
+    (data_dir / "blobs" / "tenant-b").mkdir(parents=True)
+    (data_dir / "blobs" / "tenant-b" / "train.jsonl").write_text("tenant B")
+    return {
+        "secret": f"s3cret-{marker}",
+        "marker": marker,
+        "data_dir": str(data_dir),
+        "tenant_file": str(data_dir / "blobs" / "tenant-b" / "train.jsonl"),
+        "install_dir": str(install_dir),
+        "postgres_port": postgres_port,
+        "redis_port": redis_port,
+        "linger": f"{3000 + int(marker[-4:], 16) % 1000}.25",
+    }
 
 
 def victim(secret: str, marker: str, python: str = sys.executable, **popen: Any) -> subprocess.Popen[bytes]:

@@ -28,32 +28,29 @@ ROOT = Path(__file__).resolve().parents[3]
 SERVICE_UID = 4242  # an unprivileged service's uid, for the run without root
 
 
-def _children(but: int) -> list[int]:
-    """This process' live children but `but` (a sandbox left behind would be one)."""
+def _sandboxes() -> list[int]:
+    """The bubblewrap processes this test process started that are still alive (a sandbox left behind)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z" and int(entry) != but:
+        name, rest = stat.split("(", 1)[1].rsplit(")", 1)
+        state, ppid = rest.split()[:2]
+        if int(ppid) == os.getpid() and state != "Z" and name == "bwrap":
             found.append(int(entry))
     return found
 
 
 def _context(data_dir: Path, marker: str) -> dict[str, Any]:
-    (data_dir / "blobs" / "tenant-b").mkdir(parents=True)
-    (data_dir / "blobs" / "tenant-b" / "train.jsonl").write_text("tenant B")
-    return {
-        "secret": f"s3cret-{marker}",
-        "marker": marker,
-        "data_dir": str(data_dir),
-        "tenant_file": str(data_dir / "blobs" / "tenant-b" / "train.jsonl"),
-        "install_dir": str(ROOT),
-        "postgres_port": make_url(PG_SERVER).port or 5432,
-        "redis_port": urlsplit(REDIS).port or 6379,
-        "linger": f"{3000 + int(marker[-4:], 16) % 1000}.25",  # `sleep <this>`: what a probe leaves behind
-    }
+    return sandbox_probes.context(
+        data_dir,
+        marker,
+        install_dir=ROOT,
+        postgres_port=make_url(PG_SERVER).port or 5432,
+        redis_port=urlsplit(REDIS).port or 6379,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +58,7 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     given = _context(tmp_path_factory.mktemp("data"), f"probe-{os.urandom(4).hex()}")
     victim = sandbox_probes.victim(given["secret"], given["marker"])
     shm_id, remove = sandbox_probes.shared_memory()
-    yield {**given, "victim": victim.pid, "shm_id": shm_id}
+    yield {**given, "shm_id": shm_id}
     remove()
     victim.kill()
     victim.wait()
@@ -75,7 +72,7 @@ def test_the_host_provides_the_sandbox() -> None:
 def test_each_probe_is_denied_in_the_sandbox(name: str, context: dict[str, Any]) -> None:
     outcome = run_probe(name, context, sandboxed=True)
     assert outcome.startswith("denied: "), outcome
-    assert _children(but=context["victim"]) == [] and lingering(context) == []
+    assert _sandboxes() == [] and lingering(context) == []
 
 
 def test_without_the_sandbox_the_probes_get_through(context: dict[str, Any]) -> None:
