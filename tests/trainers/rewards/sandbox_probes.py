@@ -17,6 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# a `sleep` detached from the run (its own session, its parent gone), as a daemon would leave it
+_GRANDCHILD = """
+import os
+def grade(sample, item):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv('/usr/bin/sleep', ['sleep', item['linger']])
+        os._exit(0)
+    os.wait()
+"""
+
 # Each probe reads what it attacks from `item` (the test's context): the secret in another process'
 # environment, the data dir and a file of another tenant there, the installation dir, the PostgreSQL and
 # Redis ports, and a marker to find what it left behind.
@@ -149,29 +161,9 @@ def grade(sample, item):
             os.waitpid(pid, 0)
     return 1.0
 """,
-    "leave a detached grandchild": """
-import os, time
-def grade(sample, item):
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.execv('/usr/bin/sleep', ['sleep', item['linger']])
-        os._exit(0)
-    os.wait()
-    return 0.0  # run_probe looks for it once the run is over
-""",
-    "leave a detached grandchild past the timeout": """
-import os, time
-def grade(sample, item):
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            os.execv('/usr/bin/sleep', ['sleep', item['linger']])
-        os._exit(0)
-    os.wait()
-    while True:
-        pass
-""",
+    # run_probe looks for the grandchild once the run is over: after its reply, and after its timeout
+    "leave a detached grandchild": _GRANDCHILD + "    return 0.0\n",
+    "leave a detached grandchild past the timeout": _GRANDCHILD + "    while True:\n        pass\n",
     "allocate 2 GB": """
 def grade(sample, item):
     block = bytearray(2 << 30)
