@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,24 +83,39 @@ def test_without_the_sandbox_the_probes_get_through(context: dict[str, Any]) -> 
     assert through == set(PROBES) - {"allocate 2 GB"}, outcomes
 
 
-def test_an_unprivileged_service_gets_the_same_sandbox(tmp_path: Path) -> None:
+@pytest.fixture
+def service_home() -> Iterator[Path]:
+    """A folder the unprivileged service's uid can reach (pytest's own are under a 0700 folder of root)."""
+    home = Path(tempfile.mkdtemp(prefix="tunehouse-service-"))
+    home.chmod(0o755)
+    yield home
+    shutil.rmtree(home)
+
+
+def test_an_unprivileged_service_gets_the_same_sandbox(service_home: Path) -> None:
     """Run as a uid other than root, bubblewrap builds the sandbox in a user namespace of its own (the
-    other branch of sandbox.command): the probes are denied there too. The service's files are its own
-    uid's, as they would be; the interpreter is the system's (this checkout's lives under /root)."""
+    other branch of sandbox.command): the probes are denied there too. The service runs from a copy of
+    the stdlib-only code it needs (this checkout may sit where that uid cannot read), with the system's
+    interpreter (this one lives under /root), and its files are its own uid's, as they would be."""
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin")
     if python is None:
         pytest.skip("no system python3 an unprivileged uid can run")
-    tmp_path.chmod(0o755)
-    context = _context(tmp_path / "data", f"probe-{os.urandom(4).hex()}")
-    for path in [tmp_path / "data", *(tmp_path / "data").rglob("*")]:
+    cached = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "trainers", service_home / "trainers", ignore=cached)
+    probes = service_home / "tests" / "trainers" / "rewards" / "sandbox_probes.py"
+    probes.parent.mkdir(parents=True)
+    shutil.copy(sandbox_probes.__file__, probes)
+    context = _context(service_home / "data", f"probe-{os.urandom(4).hex()}")
+    context["install_dir"] = str(service_home)
+    for path in [service_home / "data", *(service_home / "data").rglob("*")]:
         os.chown(path, SERVICE_UID, SERVICE_UID)
-    (tmp_path / "data").chmod(0o700)
+    (service_home / "data").chmod(0o700)
     as_service: dict[str, Any] = {"user": SERVICE_UID, "group": SERVICE_UID, "extra_groups": []}
     victim = sandbox_probes.victim(context["secret"], context["marker"], python, **as_service)
     context["shm_id"], remove = sandbox_probes.shared_memory()
     try:
         proc = subprocess.run(
-            [python, "-I", sandbox_probes.__file__, json.dumps(context)],
+            [python, "-I", str(probes), json.dumps(context)],
             capture_output=True,
             text=True,
             timeout=120,
