@@ -15,7 +15,9 @@ from service.db_slots import size_threadpool
 from service.dependencies import reject_unsafe_url
 from service.errors import install_error_handlers
 from service.files.routes import router as files_router
+from service.files.upload import max_body_bytes as max_upload_body_bytes
 from service.graders.routes import router as graders_router
+from service.graders.service import require_python_grader_sandbox
 from service.inference.routes import router as inference_router
 from service.jobs.methods_api import router as methods_router
 from service.jobs.routes import router as jobs_router
@@ -41,6 +43,7 @@ def _freeze_startup_heap() -> None:
 
 @asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    require_python_grader_sandbox(get_settings())  # enabled python graders: refuse to start unsandboxed
     install_drain_on_signals()  # here, not at import: the server has installed its handlers by now
     size_threadpool()
     _freeze_startup_heap()
@@ -74,7 +77,8 @@ def create_app() -> FastAPI:
     app.add_middleware(
         BodyGuard,
         max_body_bytes=settings.max_json_body_bytes,
-        streamed=[("POST", files_router.prefix)],  # the upload streams and bounds itself
+        # the upload streams and bounds itself: as a whole, its file's limit and the multipart framing
+        streamed={("POST", files_router.prefix): max_upload_body_bytes(settings.max_upload_bytes)},
     )
     app.add_middleware(RequestContext)
     return app

@@ -81,8 +81,13 @@ class Settings(BaseSettings):
     model_registry: dict[str, str] = Field(default_factory=dict)
     allow_hub_models: bool = False
 
-    # RL graders: tenant Python code runs only when the operator enables it, in a separate process
+    # RL graders: tenant Python code runs only when the operator enables it, in bubblewrap's sandbox
+    # (trainers/rewards/sandbox.py: no network, no other processes, no data or installation dir, uid
+    # 65534). Enabled on a host that cannot build the sandbox (no bwrap, namespaces refused), the API and
+    # the workers refuse to start and say why; python_grader_unsafe_no_sandbox runs tenant code without
+    # it, as the service's own uid with its view of the machine (docs/operations.md warns)
     allow_python_grader: bool = False
+    python_grader_unsafe_no_sandbox: bool = False
     python_grader_timeout_seconds: float = 30.0
     python_grader_memory_mb: int = 1024
     # The same two limits bound a grader run of the graders API (POST .../graders/run), which grades

@@ -17,6 +17,10 @@ from trainers.chat.rows import ROLES
 # OpenAI's own limits: at most 4 stop sequences; n is ours (choices are one batch on one worker)
 MAX_STOP_SEQUENCES = 4
 MAX_CHOICES = 16
+# A seed is any integer a JSON number holds exactly in every client: I-JSON's range (RFC 7493), which a
+# double represents exactly. Past it a client may send a number other than the one it meant, and a
+# schema's 64-bit bound is not exact either (Schemathesis sent 2**63 + 190 as a valid seed: issue 56)
+EXACT_JSON_INT = 2**53 - 1
 
 
 def _stop_schema(schema: dict[str, Any]) -> None:
@@ -69,7 +73,7 @@ class SamplingRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stop: str | list[str] | None = Field(default=None, json_schema_extra=_stop_schema)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    seed: int | None = Field(default=None, ge=-EXACT_JSON_INT, le=EXACT_JSON_INT)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=256)  # accepted, as OpenAI's; not used

@@ -172,6 +172,8 @@ def test_the_shared_process_dying_restarts_each_job_from_its_checkpoint(
         assert job["status"] == "succeeded", job
         messages = [e["message"] for e in _events(http, job_id)]
         assert any("Resuming from the checkpoint at step" in m for m in messages), messages
+        restarted = "Job restarted (1 of 3): its shared-base trainer was killed by SIGKILL (out of memory"
+        assert any(m.startswith(restarted) for m in messages), messages
         steps = sorted(
             int(r["step"]) for r in all_pages(http, f"/v1/fine_tuning/jobs/{job_id}/metrics") if "loss" in r
         )

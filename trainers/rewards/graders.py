@@ -13,8 +13,9 @@ list of them plus optional weights. ``build_grader`` turns an OpenAI-shaped grad
 - ``multi``: ``{"graders": {"a": {...}, ...}, "calculate_output": "0.5 * a + 0.5 * b"}``, the formula
   allowing numbers, + - * /, the sub-graders' names, ``min``, ``max`` and ``abs``;
 - ``python``: ``{"source": "def grade(sample, item) -> float: ..."}``, tenant code: refused unless the
-  operator passes ``allow_python=True``, run in a separate isolated process (``python -I``) per batch,
-  under a wall-time and an address-space limit.
+  operator passes ``allow_python=True``, run per batch in an operating-system sandbox
+  (``trainers.rewards.sandbox``: no network, no other processes, no files but a read-only runtime and a
+  private /tmp, uid 65534) under wall-time, CPU, process and address-space limits.
 
 Templates: ``{{sample.output_text}}`` is the completion's content (without its reasoning or tool-call
 markup), ``{{sample.output_tools}}`` its tool calls as a chat completion's ``tool_calls``
@@ -32,10 +33,13 @@ lists, a value that is not a string is written as JSON; text without ``{{...}}``
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +49,7 @@ from typing import Any, Protocol
 
 from trainers.core.errors import DataError
 from trainers.rewards import formula as formula_checker
+from trainers.rewards import sandbox
 from trainers.rewards.formula import eval_formula
 from trainers.rewards.samples import SAMPLE_FIELDS, sample_namespace
 
@@ -306,13 +311,17 @@ class MultiGrader:
 
 
 # -- python ---------------------------------------------------------------------------------------------
-# Runs in the child (`python -I`): limits first, then the tenant code; the child's stdout carries only the
-# result (the tenant's prints go to stderr).
+# Runs in the child (`python -I -S`): its rlimits first (trainers.rewards.sandbox.limits_json), then the
+# tenant code; the child's stdout carries only STARTED and the result (the tenant's prints go to stderr).
+# No STARTED: the child never reached the tenant's code, so the sandbox (or the host) failed, not it.
+_STARTED = "started"
 _RUNNER = r"""
 import json, math, os, resource, sys
-limit = int(sys.argv[1])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+limits = json.loads(sys.argv[1])
+for name, value in limits.items():
+    resource.setrlimit(getattr(resource, name), (value, value))
 out = os.fdopen(os.dup(1), "w")
+out.write("started\n"); out.flush()  # _STARTED
 os.dup2(2, 1)
 def reply(payload):
     out.write(json.dumps(payload)); out.flush(); os._exit(0)
@@ -328,7 +337,7 @@ try:
             reply({"error": f"grade() returned {value!r} for sample {i}; expected a finite number"})
         scores.append(float(value))
 except MemoryError:
-    reply({"error": "ran out of memory (limit %d MiB)" % (limit >> 20)})
+    reply({"error": "ran out of memory (limit %d MiB)" % (limits["RLIMIT_AS"] >> 20)})
 except BaseException as exc:
     reply({"error": f"{type(exc).__name__}: {exc}"})
 reply({"scores": scores})
@@ -336,12 +345,16 @@ reply({"scores": scores})
 
 
 class PythonGrader:
-    """Tenant code ``def grade(sample, item) -> float`` run in one isolated child process per batch.
+    """Tenant code ``def grade(sample, item) -> float`` run in one sandboxed child process per batch.
 
     ``sample`` is the completion's ``{"output_text", "output_tools"}`` (``trainers.rewards.samples``),
-    ``item`` the row's columns. The child runs under ``python -I`` in an empty folder with an empty
-    environment and ``RLIMIT_AS`` of ``memory_mb``; it is killed after ``timeout`` seconds. Any failure
-    raises ``GraderError``, which fails the job.
+    ``item`` the row's columns. The child runs under
+    ``python -I -S`` in the operating-system sandbox of ``trainers.rewards.sandbox`` (its own namespaces,
+    a read-only runtime and a private /tmp, uid 65534, capped processes, CPU and ``memory_mb`` of
+    address space per process); it and everything it started is killed after ``timeout`` seconds.
+    ``sandbox=False`` (the operator's explicit unsafe choice) runs it as the caller's uid with only the
+    rlimits, in an empty temp folder with an empty environment. A failure of the tenant's code raises
+    ``GraderError``, which fails the job; a sandbox the host cannot build raises ``SandboxUnavailable``.
 
     >>> source = "def grade(sample, item):\\n    return len(sample['output_text'])"
     >>> grader = PythonGrader("length", source, timeout=30, memory_mb=1024)
@@ -356,48 +369,88 @@ class PythonGrader:
         *,
         timeout: float,
         memory_mb: int,
+        sandbox: bool = True,
         param: str = "grader",
     ) -> None:
         self.__name__ = name
         self.source, self.timeout, self.memory_mb, self.param = source, timeout, memory_mb, param
+        self.sandbox = sandbox
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
-        payload = {
-            "source": self.source,
-            "samples": [sample_namespace(c) for c in completions],
-            "items": _items(len(completions), columns),
-        }
-        command = [sys.executable, "-I", "-c", _RUNNER, str(self.memory_mb << 20)]
-        with tempfile.TemporaryDirectory(prefix="grader-") as cwd:
-            try:
-                proc = subprocess.run(
-                    command,
-                    input=json.dumps(payload, default=str),
-                    capture_output=True,
-                    text=True,
-                    timeout=self.timeout,
-                    cwd=cwd,
-                    env={},
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise GraderError(
-                    f"python grader {self.__name__!r} timed out after {self.timeout:g} s "
-                    f"({len(completions)} samples)",
-                    self.param,
-                ) from exc
+        payload = json.dumps(
+            {
+                "source": self.source,
+                "samples": [sample_namespace(c) for c in completions],
+                "items": _items(len(completions), columns),
+            },
+            default=str,
+        )
+        limits = sandbox.limits_json(sandbox.Limits(seconds=self.timeout, memory_mb=self.memory_mb))
+        if self.sandbox:
+            argv = sandbox.command([sandbox.interpreter(), "-I", "-S", "-c", _RUNNER, limits])
+        else:
+            argv = [sys.executable, "-I", "-c", _RUNNER, limits]
         try:
-            result = json.loads(proc.stdout) if proc.stdout else None
+            proc = _run(argv, payload, self.timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise GraderError(
+                f"python grader {self.__name__!r} timed out after {self.timeout:g} s "
+                f"({len(completions)} samples)",
+                self.param,
+            ) from exc
+        started, _, reply = proc.stdout.partition("\n")
+        detail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        if started != _STARTED:
+            raise sandbox.SandboxUnavailable(f"the python grader's child did not start: {detail}")
+        try:
+            result = json.loads(reply) if reply else None
         except json.JSONDecodeError:
             result = None
         if not isinstance(result, dict):
-            detail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-            raise GraderError(f"python grader {self.__name__!r} crashed: {detail[0]}", self.param)
+            if proc.returncode == -signal.SIGXCPU:
+                detail = f"used its {self.timeout:g} s of CPU"
+            raise GraderError(f"python grader {self.__name__!r} crashed: {detail}", self.param)
         if "error" in result:
             raise GraderError(f"python grader {self.__name__!r} failed: {result['error']}", self.param)
         scores = result["scores"]
         assert isinstance(scores, list) and len(scores) == len(completions)
         return [float(s) for s in scores]
+
+
+# after a timeout, how long the child's output may take to close: the sandbox's processes hold it until
+# the kernel has killed them (milliseconds); a process that escaped the unsandboxed child's group, longer
+_DRAIN_SECONDS = 2.0
+
+
+def _run(argv: list[str], stdin: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`argv` fed `stdin`, in an empty temp folder with an empty environment and a process group of its
+    own, which is killed at the end. Sandboxed, that group is bubblewrap, whose death takes the sandbox's
+    init and with it every process in the sandbox; unsandboxed (the operator's unsafe choice) it is the
+    child and what it started, but for a process that left the group (`setsid`)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="grader-") as cwd,
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env={},
+            start_new_session=True,
+        ) as proc,
+    ):
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # returns once they are all dead
+                proc.communicate(timeout=_DRAIN_SECONDS)
+            raise
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 # -- specs ----------------------------------------------------------------------------------------------
@@ -475,6 +528,7 @@ def build_grader(
     allow_python: bool = False,
     python_timeout: float = 30.0,
     python_memory_mb: int = 1024,
+    python_sandbox: bool = True,
     param: str = "grader",
 ) -> RewardFunc:
     """The reward function a grader spec describes (validated first).
@@ -495,7 +549,12 @@ def build_grader(
         return ScoreModel(name, spec["model"], param=param)
     if kind == "python":
         return PythonGrader(
-            name, spec["source"], timeout=python_timeout, memory_mb=python_memory_mb, param=param
+            name,
+            spec["source"],
+            timeout=python_timeout,
+            memory_mb=python_memory_mb,
+            sandbox=python_sandbox,
+            param=param,
         )
     graders = {
         sub: build_grader(
@@ -503,6 +562,7 @@ def build_grader(
             allow_python=allow_python,
             python_timeout=python_timeout,
             python_memory_mb=python_memory_mb,
+            python_sandbox=python_sandbox,
             param=f"{param}.graders.{sub}",
         )
         for sub, s in spec["graders"].items()

@@ -394,10 +394,13 @@ def test_python_grader_runs_isolated_in_an_empty_folder_with_no_environment() ->
         "def grade(sample, item):\n"
         "    folder = os.path.basename(os.getcwd())\n"
         "    return (1 * (sys.flags.isolated == 1) + 2 * (os.listdir('.') == [])\n"
-        "            + 4 * folder.startswith('grader-') + 8 * (set(os.environ) <= {'LC_CTYPE'}))\n"
+        "            + 4 * folder.startswith(item['folder'])\n"
+        "            + 8 * (set(os.environ) <= {'LC_CTYPE', 'PWD'}))\n"
     )
-    grader = build_grader({**PY, "source": source}, allow_python=True)
-    assert grader(["q"], ["a"]) == [15.0]  # python -I, in a fresh temp folder, with an empty environment
+    sandboxed = build_grader({**PY, "source": source}, allow_python=True)
+    assert sandboxed(["q"], ["a"], folder=["tmp"]) == [15.0]  # python -I, in the sandbox's own /tmp
+    unsafe = build_grader({**PY, "source": source}, allow_python=True, python_sandbox=False)
+    assert unsafe(["q"], ["a"], folder=["grader-"]) == [15.0]  # the unsafe flag: a fresh host temp folder
 
 
 def test_python_grader_runs_when_allowed() -> None:
