@@ -135,6 +135,27 @@ class Worker(Base):
     device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class CatalogModel(Base):
+    """A base model of the operator's catalogue (`tunehouse models add`, service/base_models/adding.py):
+    its files are stored once in the blob store under `blob_prefix`, each with its sha256, and fetched by
+    workers on first use (worker/base_model_cache.py)."""
+
+    __tablename__ = "base_models"
+    # the name jobs, Tinker clients and /v1/chat/completions use (a hub id, or the operator's name)
+    id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    # where it came from: a hub id or a local path, as given
+    source: Mapped[str] = mapped_column(String(1000))
+    # the hub's commit sha, or for a local folder the sha256 of its files' manifest: pinned
+    revision: Mapped[str] = mapped_column(String(64))
+    blob_prefix: Mapped[str] = mapped_column(String(500))
+    # [{"path", "bytes", "sha256"}, ...]
+    files: Mapped[list[Any]] = mapped_column(JSON)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    # architecture, parameters, context length, chat template, modalities, what it can train
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
     # an integer sequence gives events a strict order even within one millisecond
