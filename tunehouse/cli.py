@@ -29,8 +29,20 @@ from collections.abc import Sequence
 # the extra that brings a missing top-level module: a client-only install (`pip install tunehouse`) has
 # httpx and pydantic alone, and the server-side commands say what to install instead of a traceback
 _SERVER_MODULES = frozenset(
-    ("fastapi", "uvicorn", "sqlalchemy", "alembic", "psycopg", "pydantic_settings", "celery", "kombu")
-    + ("redis", "boto3", "huggingface_hub", "multipart")
+    [
+        "fastapi",
+        "uvicorn",
+        "sqlalchemy",
+        "alembic",
+        "psycopg",
+        "pydantic_settings",
+        "celery",
+        "kombu",
+        "redis",
+        "boto3",
+        "huggingface_hub",
+        "multipart",
+    ]
 )
 _TRAIN_MODULES = frozenset(("torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers"))
 

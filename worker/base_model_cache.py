@@ -104,19 +104,29 @@ def fetch_base_model(
     fcntl.flock(lock, fcntl.LOCK_EX)  # one fetcher per host; the others wait here
     try:
         if not (folder / COMPLETE).exists():
-            started = time.monotonic()
-            tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=".fetch-"))
-            try:
-                _download(blobs, prefix, files, tmp)
-                shutil.rmtree(folder, ignore_errors=True)
-                (tmp / COMPLETE).write_text(revision + "\n")
-                tmp.rename(folder)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-            log.info("model cache: fetched %s@%s in %.1fs", name, revision[:12], time.monotonic() - started)
+            _fetch(blobs, folder, name=name, revision=revision, prefix=prefix, files=files)
             evict(cache_root, cap_bytes, keep=folder)
         os.utime(folder / COMPLETE)  # used now: the LRU order
-    finally:
-        fcntl.flock(lock, fcntl.LOCK_SH)  # in use by this process until it exits
+    except BaseException:
+        if folder not in _IN_USE:
+            lock.close()
+        raise
+    fcntl.flock(lock, fcntl.LOCK_SH)  # in use by this process until it exits
     _IN_USE[folder] = lock
     return folder
+
+
+def _fetch(
+    blobs: BlobStore, folder: Path, *, name: str, revision: str, prefix: str, files: list[dict[str, Any]]
+) -> None:
+    """Download into a temporary folder beside `folder`, check, then rename: never a partial model."""
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".fetch-"))
+    try:
+        _download(blobs, prefix, files, tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        (tmp / COMPLETE).write_text(revision + "\n")
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("model cache: fetched %s@%s in %.1fs", name, revision[:12], time.monotonic() - started)

@@ -16,7 +16,8 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -54,30 +55,44 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_from_hub(repo_id: str, *, revision: str | None, token: str | None, into: Path) -> tuple[Path, str]:
-    """The repo's kept files at `revision` (default: its main branch), and the commit they are."""
-    from huggingface_hub import snapshot_download
+@contextmanager
+def _hub_errors(repo_id: str, revision: str | None) -> Iterator[None]:
+    """The hub client's refusals as one line each."""
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        folder = snapshot_download(
-            repo_id,
-            revision=revision,
-            token=token or os.environ.get("HF_TOKEN") or None,
-            cache_dir=into,
-            allow_patterns=list(KEPT_FILES),
-        )
+        yield
     except GatedRepoError as exc:
         raise AddError(f"{repo_id} is gated: accept its terms on the hub and set HF_TOKEN") from exc
     except RevisionNotFoundError as exc:
-        raise AddError(f"{repo_id} has no revision '{revision}'") from exc
+        raise AddError(f"{repo_id} has no revision '{revision or 'main'}'") from exc
     except RepositoryNotFoundError as exc:
         raise AddError(
             f"no model '{repo_id}' on the hub ({os.environ.get('HF_ENDPOINT') or 'huggingface.co'}); "
             "a private one needs HF_TOKEN"
         ) from exc
-    path = Path(folder)
-    return path, path.name  # .../snapshots/<commit sha>
+
+
+def hub_commit(repo_id: str, *, revision: str | None, token: str | None) -> str:
+    """The commit `revision` (default: the main branch) is now: what the catalogue pins."""
+    from huggingface_hub import HfApi
+
+    with _hub_errors(repo_id, revision):
+        sha = HfApi(token=token).model_info(repo_id, revision=revision).sha
+    if not sha:
+        raise AddError(f"the hub gave no commit for {repo_id} at {revision or 'main'}")
+    return sha
+
+
+def fetch_from_hub(repo_id: str, *, commit: str, token: str | None, into: Path) -> Path:
+    """The repo's kept files at `commit`, in a folder under `into`."""
+    from huggingface_hub import snapshot_download
+
+    with _hub_errors(repo_id, commit):
+        folder = snapshot_download(
+            repo_id, revision=commit, token=token, cache_dir=into, allow_patterns=list(KEPT_FILES)
+        )
+    return Path(folder)
 
 
 def add_base_model(
@@ -105,8 +120,14 @@ def add_base_model(
         elif local.exists() or source.startswith(("/", ".", "~")):
             raise AddError(f"{source} is not a folder of a Hugging Face model")
         else:
-            say(f"fetching {source} from the hub" + (f" at {revision}" if revision else ""))
-            folder, revision = fetch_from_hub(source, revision=revision, token=token, into=Path(tmp))
+            token = token or os.environ.get("HF_TOKEN") or None
+            revision = hub_commit(source, revision=revision, token=token)
+            existing = session.get(CatalogModel, model_name)
+            if existing is not None and existing.revision == revision:
+                say(f"{model_name} is already in the catalogue at {revision}")
+                return existing
+            say(f"fetching {source} at {revision} from the hub")
+            folder = fetch_from_hub(source, commit=revision, token=token, into=Path(tmp))
         files = sorted(p for p in folder.rglob("*") if p.is_file() and _kept(p, folder))
         if not (folder / "config.json").is_file():
             raise AddError(f"{source} has no config.json: not a Hugging Face model")
@@ -129,7 +150,7 @@ def add_base_model(
         details = model_details(folder)
     row = existing or CatalogModel(id=model_name)
     row.source, row.revision, row.blob_prefix = source, pinned, prefix
-    row.files, row.bytes, row.details = manifest, sum(p.stat().st_size for p in files), details
+    row.files, row.bytes, row.details = manifest, sum(int(str(f["bytes"])) for f in manifest), details
     session.add(row)
     session.flush()
     return row

@@ -356,14 +356,22 @@ def test_empty_checkpoints_and_metrics(client: httpx.Client, train_file: str) ->
 def test_models_list(client: httpx.Client) -> None:
     body = client.get("/v1/models").json()
     assert body["object"] == "list"
-    assert {
-        "id": MODEL,
+    tiny = next(m for m in body["data"] if m["id"] == MODEL)
+    assert {k: tiny[k] for k in ("object", "owned_by", "architecture", "context_length", "modalities")} == {
         "object": "model",
-        "created": body["data"][0]["created"],
         "owned_by": "tunehouse",
-    } in body["data"]
-    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
-    assert _error(client.get("/v1/models/nope"), 404)["param"] == "model"
+        "architecture": "LlamaForCausalLM",
+        "context_length": 2048,
+        "modalities": ["text"],
+    }
+    assert tiny["trainable"]["methods"][:2] == ["supervised", "dpo"] and tiny["trainable"]["lora"]
+    assert tiny["chat_template"].startswith("{{ bos_token }}")
+    assert client.get(f"/v1/models/{MODEL}").json() == tiny
+    error = _error(client.get("/v1/models/tunehouse/tiny-lama"), 404)
+    assert error["param"] == "model"
+    # an unknown name says what it may have meant and how an operator adds a model
+    assert "(did you mean 'tunehouse/tiny-llama'?)" in error["message"]
+    assert "`tunehouse models add tunehouse/tiny-lama`" in error["message"]
 
 
 def test_health_and_prometheus(api_url: str, api_key: str) -> None:

@@ -82,6 +82,7 @@ def test_the_tinker_sdk_trains_through_a_plain_make_run(made_run: tuple[dict[str
 
 def test_the_cli_follows_the_server_make_run_started(made_run: tuple[dict[str, str], Path]) -> None:
     exported, data = made_run
+    assert not exported["TUNEHOUSE_BASE_URL"].endswith(":8000")  # not the CLI's default port
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEHOUSE_")}
     env["TUNEHOUSE_DATA_DIR"] = str(data)  # no URL, no key: both come from the running `up`
     listed = subprocess.run(
