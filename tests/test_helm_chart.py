@@ -142,7 +142,7 @@ def test_values_are_checked_against_the_schema(chart: Any) -> None:
         chart.render(
             {**MINIMAL, "gpuPools": [{"name": "gpu", "gpusPerWorker": 0}]}, name="th", namespace="ml"
         )
-    with pytest.raises(helm.HelmError, match="NOT_OURS. does not match"):
+    with pytest.raises(helm.HelmError, match=r"NOT_OURS. does not match"):
         chart.render({**MINIMAL, "config": {"NOT_OURS": "1"}}, name="th", namespace="ml")
     # no database given: the render says which value to set
     with pytest.raises(helm.HelmError, match=r"postgresql.url \(or bundled.postgresql.enabled\)"):
