@@ -150,7 +150,9 @@ def _gib(n: int | None) -> str:
 
 def _estimate_text(e: Any) -> str:
     tokens = e.trained_tokens
+    verdict = {True: "runs", False: "cannot run", None: "unknown"}[e.fits]
     lines = [
+        f"{verdict}" + (f": {e.reason}" if e.reason else ""),
         f"{e.examples} examples, {e.total_steps} steps, queue position {e.queue_position}",
         f"trained tokens: {tokens['per_epoch']} per epoch, {tokens['total']} in all"
         if tokens

@@ -174,6 +174,9 @@ class JobEstimate(_Object):
     estimated_wall_time: dict[str, Any]
     queue_position: int
     preview: list[list[dict[str, Any]]]
+    # false: the job would train nothing, or fits no live worker (`reason` says which); null: unknown
+    fits: bool | None = None
+    reason: str | None = None
 
 
 class ModelTrainable(_Object):

@@ -6,7 +6,6 @@ closest to (`unknown_model_message`)."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +16,7 @@ from service.base_models.details import trainable
 from service.config import Settings
 from service.db import session_scope
 from service.models import CatalogModel
+from service.suggest import did_you_mean
 from trainers.tiny_spec import CHAT_TEMPLATE, TINY_MODEL_NAME
 
 # the tiny model: built on first use by the worker (trainers.modeling.tiny_model), so the repo carries no
@@ -85,23 +85,6 @@ def resolve_base_model(
     if settings.allow_hub_models and name.count("/") == 1 and not name.startswith(("/", ".")):
         return BaseModelEntry(name, "hub", None, "hub")
     return None
-
-
-def closest(name: str, candidates: list[str]) -> list[str]:
-    """The candidates `name` may have meant (a typo, another case), closest first.
-
-    >>> closest("tunehouse/tiny-lama", ["tunehouse/tiny-llama", "Qwen/Qwen3-8B"])
-    ['tunehouse/tiny-llama']
-    """
-    lowered = {c.lower(): c for c in candidates}
-    found = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
-    return [lowered[f] for f in found]
-
-
-def did_you_mean(name: str, candidates: list[str]) -> str:
-    """ " (did you mean 'x'?)" for the closest candidate, or ""."""
-    near = closest(name, candidates)
-    return f" (did you mean '{near[0]}'?)" if near else ""
 
 
 def unknown_model_message(settings: Settings, name: str, session: Session | None = None) -> str:

@@ -99,7 +99,7 @@ def test_each_method_has_its_twins_signature(clients: tuple[tunehouse.Client, tu
             assert sig.parameters["timeout"].kind is inspect.Parameter.KEYWORD_ONLY, where
             assert sig.parameters["timeout"].default is None, where
             checked += 1
-    assert checked == 28  # every public method of every resource, models and chat included  # files 5, jobs 11, checkpoints 2, webhooks 5
+    assert checked == 28  # files 5, jobs 11, checkpoints 2, webhooks 5, models 3, chat 2
 
 
 def test_creates_take_an_idempotency_key(clients: tuple[tunehouse.Client, tunehouse.AsyncClient]) -> None:

@@ -467,3 +467,29 @@ def test_every_method_takes_several_gpus_and_fsdp(client: httpx.Client, method: 
         response = _create(client, model=MODEL, training_file=training_file, method=body, resources=resources)
         assert response.status_code == 200, response.text
         assert response.json()["resources"]["strategy"] == resources.get("strategy", "ddp")
+
+
+@pytest.mark.parametrize(
+    ("method", "param", "hint"),
+    [
+        ({"type": "supervised", "supervised": {"hyperparameters": {"n_epoch": 2}}}, "n_epoch", "n_epochs"),
+        (
+            {"type": "grpo", "grpo": {"hyperparameters": {"num_generation": 4}}},
+            "num_generation",
+            "num_generations",
+        ),
+        ({"type": "grpoo"}, "method.type", "grpo"),
+    ],
+)
+def test_a_mistyped_method_or_hyperparameter_says_what_it_may_mean(
+    client: httpx.Client, train_file: str, method: dict[str, Any], param: str, hint: str
+) -> None:
+    error = _error(_create(client, model=MODEL, training_file=train_file, method=method))
+    assert error["param"].endswith(param)
+    assert error["message"].endswith(f" (did you mean '{hint}'?)"), error["message"]
+
+
+def test_an_unlike_name_gets_no_suggestion(client: httpx.Client, train_file: str) -> None:
+    method = {"type": "supervised", "supervised": {"hyperparameters": {"zzz": 1}}}
+    error = _error(_create(client, model=MODEL, training_file=train_file, method=method))
+    assert error["message"] == "unknown parameter 'method.supervised.hyperparameters.zzz'"
