@@ -212,7 +212,7 @@ def _allowed_methods(request: Request) -> str:
 
 
 def _suggestion(param: str, value: object) -> str:
-    """" (did you mean 'x'?)" for a mistyped hyperparameter (an unknown key) or method type (a value)."""
+    """ " (did you mean 'x'?)" for a mistyped hyperparameter (an unknown key) or method type (a value)."""
     from service.suggest import did_you_mean
     from trainers.registry import METHODS
 

@@ -133,6 +133,9 @@ class Worker(Base):
     device: Mapped[str] = mapped_column(String(20), server_default="cpu")
     device_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
     device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # its devices' live figures at its last pass: {"gpus": [{index, name, utilization, memory_used_bytes,
+    # memory_total_bytes}], "rss_bytes", "sampled_at"} (worker/devices.py)
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class CatalogModel(Base):

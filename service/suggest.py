@@ -1,4 +1,4 @@
-""""Did you mean ...?": the names a mistyped one may have meant, for the refusals of an unknown model,
+""" "Did you mean ...?": the names a mistyped one may have meant, for the refusals of an unknown model,
 method or hyperparameter (service/base_models/catalog.py, service/errors.py)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def closest(name: str, candidates: Iterable[str]) -> list[str]:
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """" (did you mean 'x'?)" for the closest candidate, or "".
+    """ " (did you mean 'x'?)" for the closest candidate, or "".
 
     >>> did_you_mean("grpoo", ["grpo", "ppo"])
     " (did you mean 'grpo'?)"

@@ -1,4 +1,5 @@
-"""base_models: the operator's catalogue of base models, stored once in the blob store
+"""base_models: the operator's catalogue of base models, stored once in the blob store; workers.stats:
+each worker's live device figures
 
 Revision ID: 0012_base_model_catalogue
 Revises: 0011
@@ -29,7 +30,9 @@ def upgrade() -> None:
         sa.Column("created_at", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
+    op.add_column("workers", sa.Column("stats", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("workers", "stats")
     op.drop_table("base_models")
