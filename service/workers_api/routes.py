@@ -17,7 +17,7 @@ from service.dependencies import SessionDep, SettingsDep
 from service.errors import error_responses
 from service.models import Job, Worker
 
-router = APIRouter(prefix="/v1/workers", tags=["workers"], responses=error_responses(401, 503))
+router = APIRouter(prefix="/v1/workers", tags=["workers"], responses=error_responses(400, 401, 503))
 
 
 class WorkerJob(BaseModel):
