@@ -1,7 +1,7 @@
 """The `tunehouse` command. Server-side commands import the service lazily, so the SDK side of this
 package never pulls in FastAPI or torch at import time.
 
-    tunehouse up [--host H] [--port P] [--data-dir D] [--no-demo]   API + workers, embedded default
+    tunehouse up [--host H] [--port P] [--data-dir D] [--no-demo] [--no-tinker]   the embedded default
     tunehouse worker [--data-dir D] [--inference | --tinker]        a training (inference, Tinker) worker
     tunehouse migrate                                               alembic upgrade head
     tunehouse keys create --tenant NAME [--expires-in 30d] [--json] a new API key (last line, or JSON)
@@ -240,7 +240,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from tunehouse.embedded import run_embedded
 
-    return run_embedded(host=args.host, port=args.port, demo=not args.no_demo)
+    return run_embedded(host=args.host, port=args.port, demo=not args.no_demo, tinker=not args.no_tinker)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--data-dir", dest="data_dir_sub")
     up.add_argument("--no-demo", action="store_true", help="do not submit the demo SFT job")
+    up.add_argument(
+        "--no-tinker", action="store_true", help="no Tinker API (neither its Tinker host nor a private Redis)"
+    )
     up.set_defaults(func=cmd_up)
 
     worker = sub.add_parser("worker", help="run a Celery worker")

@@ -172,7 +172,7 @@ def demo_answer(client: httpx.Client, model: str) -> str:
     return str(reply.json()["choices"][0]["message"]["content"]).strip()
 
 
-def run_embedded(*, host: str, port: int, demo: bool) -> int:
+def run_embedded(*, host: str, port: int, demo: bool, tinker: bool = True) -> int:
     started = time.monotonic()
     for name, value in QUIET_LIBRARIES.items():
         os.environ.setdefault(name, value)
@@ -194,7 +194,10 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
     servers: Children = {}  # stopped after the children that use them
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        tinker_note = _start_redis(settings.redis_url, settings.data_dir, logs, env, servers)
+        if tinker:
+            tinker_note = _start_redis(settings.redis_url, settings.data_dir, logs, env, servers)
+        else:
+            tinker_note = "Tinker API: off (--no-tinker)"
         with (
             (logs / "api.log").open("ab") as api_log,
             (logs / "worker.log").open("ab") as worker_log,
@@ -220,7 +223,7 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
                 stdout=inference_log,
                 stderr=subprocess.STDOUT,
             )
-            if env.get("TUNEHOUSE_REDIS_URL"):
+            if tinker and env.get("TUNEHOUSE_REDIS_URL"):
                 # the Tinker API's host: holds the training clients' adapters (worker/tinker_host.py)
                 children["Tinker host"] = subprocess.Popen(
                     [sys.executable, "-m", "tunehouse.cli", "worker", "--tinker"],
