@@ -213,15 +213,18 @@ class ModelDeleted(_Object):
     deleted: bool
 
 
-class ChatCompletion(_Object):
-    """The answer of `client.chat.completions.create` (OpenAI's shape; `choices[i].message`)."""
-
+class _ChatAnswer(_Object):
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[dict[str, Any]]
     usage: dict[str, Any] | None = None
+
+
+class ChatCompletion(_ChatAnswer):
+    """The answer of `client.chat.completions.create` (OpenAI's shape; `choices[i].message`)."""
+
+    object: Literal["chat.completion"] = "chat.completion"
 
     @property
     def text(self) -> str:
@@ -229,15 +232,10 @@ class ChatCompletion(_Object):
         return str(self.choices[0]["message"].get("content") or "")
 
 
-class ChatCompletionChunk(_Object):
+class ChatCompletionChunk(_ChatAnswer):
     """One piece of a streamed chat completion (`client.chat.completions.stream`)."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[dict[str, Any]]
-    usage: dict[str, Any] | None = None
 
     @property
     def text(self) -> str:

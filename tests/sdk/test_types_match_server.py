@@ -156,7 +156,7 @@ def test_every_sdk_model_is_accounted_for() -> None:
         for value in vars(sdk_types).values()
         if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == sdk_types.__name__
     }
-    models.discard(sdk_types._Object)
+    models -= {sdk_types._Object, sdk_types._ChatAnswer}
     assert models == set(ANSWERS) | NESTED | NO_SCHEMA
 
 
