@@ -1,6 +1,7 @@
 """A plain `make run` is the whole product: the official `tinker` SDK trains through it with nothing else
 started (its private redis-server and Tinker host come with `tunehouse up`), configured by the very
-`export` lines it prints; and the CLI, given no URL, follows the server it started on a non-default port.
+`export` lines it prints; and the CLI, given no URL, follows the server it started on a non-default port
+(its model list, and a reply streamed through the inference worker over that Redis).
 """
 
 from __future__ import annotations
@@ -93,4 +94,13 @@ def test_the_cli_follows_the_server_make_run_started(made_run: tuple[dict[str, s
         timeout=60,
     )
     assert listed.returncode == 0, listed.stderr
-    assert "tunehouse/tiny-llama" in listed.stdout
+    assert "tunehouse/tiny-llama  LlamaForCausalLM  0.1M params  context 2048  text" in listed.stdout
+    # a streamed reply through the inference worker, over the private Redis' unix socket
+    chat = subprocess.run(
+        [sys.executable, "-m", "tunehouse.cli", "chat", "tunehouse/tiny-llama", "Hi", "--max-tokens", "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert chat.returncode == 0 and chat.stdout.endswith("\n") and chat.stdout.strip(), chat.stderr
