@@ -29,6 +29,7 @@ from service.ops import router as ops_router
 from service.shutdown import install_drain_on_signals
 from service.tinker.routes import router as tinker_router
 from service.webhooks.routes import router as webhooks_router
+from service.workers_api.routes import router as workers_router
 
 
 def _freeze_startup_heap() -> None:
@@ -70,6 +71,7 @@ def create_app() -> FastAPI:
     app.include_router(webhooks_router)
     app.include_router(graders_router)
     app.include_router(tinker_router)
+    app.include_router(workers_router)
     mount_dashboard(app)
     app.include_router(ops_router)
     install_openapi(app)

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # operator's model registry: {"name": "/local/path", ...}; the tiny demo model is always listed
     model_registry: dict[str, str] = Field(default_factory=dict)
     allow_hub_models: bool = False
+    # each host's disk cache of the catalogue's base models (`tunehouse models add`; worker/
+    # base_model_cache.py), under data_dir/models/base: the least recently used model not in use by any
+    # process goes once a fetch takes the cache past this many GB
+    model_cache_gb: float = Field(default=100.0, gt=0)
 
     # RL graders: tenant Python code runs only when the operator enables it, in bubblewrap's sandbox
     # (trainers/rewards/sandbox.py: no network, no other processes, no data or installation dir, uid
@@ -226,6 +230,10 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def base_models_dir(self) -> Path:
+        return self.models_dir / "base"
 
     def celery_transport_options(self) -> dict[str, Any]:
         if self.is_embedded_broker:

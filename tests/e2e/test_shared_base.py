@@ -107,7 +107,7 @@ def test_lora_jobs_share_one_process_and_train_as_alone(tenants: Callable[[], ht
         worker = started[0]["data"]["worker"]
         assert re.fullmatch(r"[^:\s]+:\d+", worker), worker  # host:pid, the worker's id
         assert re.fullmatch(
-            rf"Job started on worker {re.escape(worker)} \(attempt 1\), "
+            rf"Job started on worker {re.escape(worker)} \[cpu: [^\]]+\] \(attempt 1\), "
             r"sharing one copy of its base model with [0-2] other job\(s\)",
             started[0]["message"],
         ), started[0]["message"]
