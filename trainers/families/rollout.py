@@ -44,7 +44,12 @@ from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared
 from trainers.data.sft import _bos_text, first_row_kind, row_errors, rows_of_kind
 from trainers.formats import FileFormat, Shape
 from trainers.kernels.merged_lora import merged_lora
-from trainers.modeling.generation import SamplingProcessor, contiguous_head_input, marker_decoder
+from trainers.modeling.generation import (
+    SamplingProcessor,
+    contiguous_head_input,
+    marker_decoder,
+    stop_token_ids,
+)
 from trainers.modeling.loading import decoder_and_head, packed_hidden_states, pair_packing, runs_packed
 from trainers.rewards.samples import Completion
 
@@ -173,14 +178,21 @@ def trim_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
     return ids[:, ids.size(1) - keep :], mask[:, mask.size(1) - keep :]
 
 
-def completion_mask_from_eos(completion_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask [N, C] of tokens up to and including the first EOS, truncated [N] where there is none).
+def completion_mask_from_eos(
+    completion_ids: torch.Tensor, eos_id: int | Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask [N, C] of tokens up to and including the first EOS — any of ``eos_id`` where it is several —,
+    truncated [N] where there is none).
 
     >>> completion_mask_from_eos(torch.tensor([[5, 2, 0], [5, 6, 7]]), eos_id=2)
     (tensor([[1, 1, 0],
             [1, 1, 1]]), tensor([False,  True]))
+    >>> completion_mask_from_eos(torch.tensor([[5, 3, 2], [5, 6, 7]]), eos_id=[2, 3])[0]
+    tensor([[1, 1, 0],
+            [1, 1, 1]])
     """
-    is_eos = completion_ids == eos_id
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), device=completion_ids.device)
+    is_eos = torch.isin(completion_ids, stops)
     has_eos = is_eos.any(dim=1)
     first = torch.where(has_eos, is_eos.int().argmax(dim=1), completion_ids.size(1))
     positions = torch.arange(completion_ids.size(1), device=completion_ids.device)
@@ -213,8 +225,12 @@ def generate_rollout(
     The model is put in eval mode for sampling (no dropout) and restored to its mode afterwards. The
     global RNG is left as it was: sampling draws from a generator forked and seeded with ``seed``.
     """
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    assert isinstance(eos_id, int) and isinstance(pad_id, int)
+    pad_id = tokenizer.pad_token_id
+    assert isinstance(pad_id, int)
+    # the tokenizer's EOS and the generation config's: a turn may end on another token than the EOS
+    # (gpt-oss ends a tool call with <|call|>, its answers with <|return|>), and sampling past it would
+    # train on what the model never sends
+    stops = sorted(stop_token_ids(model, tokenizer))
     device = next(model.parameters()).device
     repeated = [p for p in prompts for _ in range(num_generations)]
     prompt_ids, prompt_mask = left_pad([p.input_ids for p in repeated], pad_id)
@@ -237,14 +253,14 @@ def generate_rollout(
                 attention_mask=prompt_mask,
                 **sampling,
                 max_new_tokens=max_completion_length,
-                eos_token_id=eos_id,
+                eos_token_id=stops,
                 pad_token_id=pad_id,
                 use_cache=True,
             )
     finally:
         model.train(was_training)
     completion_ids = output[:, prompt_ids.size(1) :]
-    mask, truncated = completion_mask_from_eos(completion_ids, eos_id)
+    mask, truncated = completion_mask_from_eos(completion_ids, stops)
     completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
     # each completion read with the model's chat format, for graders (content, reasoning, tool calls)
     fmt = chat_format(tokenizer)

@@ -242,3 +242,30 @@ def test_an_rl_row_field_that_is_not_json_is_refused_with_its_line(tokenizer: An
     with pytest.raises(DataError, match=r"^line 2: the row's fields must be JSON values") as caught:
         tokenize_rl_rows(rows, tokenizer, max_prompt_length=64)
     assert caught.value.param == "training_file"
+
+
+def test_a_rollout_stops_at_any_token_the_model_ends_a_turn_with(
+    tiny_model_path: Path, tokenizer: Any, tmp_path: Path
+) -> None:
+    """Sampling stops at the generation config's stop tokens as well as the tokenizer's EOS (gpt-oss ends
+    a tool call with <|call|>, which is not its EOS): a completion ends at the first, kept and not
+    truncated, and nothing after it trains."""
+    from transformers import AutoModelForCausalLM
+
+    from trainers.families.rollout import generate_rollout
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    call = tokenizer.convert_tokens_to_ids("<|system|>")  # a special token the prompts never hold
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, call]
+    with torch.no_grad():
+        model.lm_head.weight[call] += 1.5  # likely within a few tokens
+    prompts = tokenize_rl_rows([{"prompt": "Hi there"}], tokenizer, max_prompt_length=64)
+    rollout = generate_rollout(model, tokenizer, prompts, num_generations=4, max_completion_length=24, seed=0)
+    ended = []
+    for ids, mask, cut in zip(
+        rollout.completion_ids, rollout.completion_mask, rollout.truncated, strict=True
+    ):
+        kept = ids[mask.bool()].tolist()
+        assert call not in kept[:-1]  # nothing is sampled past the stop token
+        ended.append(not bool(cut) and kept[-1] == call)
+    assert any(ended)
