@@ -81,9 +81,7 @@ def _chat_prompt(task: InferenceTask, asked: ChatRequest, tokenizer: Any) -> Cha
         return chat_prompt(tokenizer, chat, tool_choice=asked.tool_choice, function=asked.tool_name)
     except ChatDataError as exc:
         param = exc.field or "messages"
-        # the error's own text names the field as "field '...'": say it the API's way
-        reason = exc.message.removeprefix(f"field {exc.field!r}: ")
-        raise RequestRefused(f"{param}: {reason}", param=param) from exc
+        raise RequestRefused(f"{param}: {exc.reason}", param=param) from exc
 
 
 class ChoiceReply:

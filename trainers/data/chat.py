@@ -42,11 +42,12 @@ Segment = tuple[str, bool]  # (text, trainable)
 
 
 class ChatDataError(DataError):
-    """A row the model's chat template cannot train as given; ``field`` names what (``messages[2]...``)."""
+    """A row the model's chat template cannot train as given; ``field`` names what (``messages[2]...``),
+    ``reason`` says why (the message is both, as a training file's errors read)."""
 
-    def __init__(self, field: str | None, message: str) -> None:
-        super().__init__(f"field {field!r}: {message}" if field else message)
-        self.field = field
+    def __init__(self, field: str | None, reason: str) -> None:
+        super().__init__(f"field {field!r}: {reason}" if field else reason)
+        self.field, self.reason = field, reason
 
 
 @contextmanager
