@@ -31,8 +31,6 @@ from trainers.modeling.tiny_model import CORPUS_PATH
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 FAMILIES = ("gemma3", "idefics3")
-# the names the test stacks' model registry gives them (tests/conftest.py)
-MODEL_NAMES = {family: f"tunehouse/tiny-{family}-vision" for family in FAMILIES}
 _TEXT = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -93,7 +91,8 @@ def _gemma3(out: Path) -> None:
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
-    _save(out, Gemma3ForConditionalGeneration, config, processor)
+    # Gemma 3 starts its projection at zeros (its image features then vanish): random, so images count
+    _save(out, Gemma3ForConditionalGeneration, config, processor, randomize=("mm_input_projection_weight",))
 
 
 def _idefics3(out: Path) -> None:
@@ -136,12 +135,22 @@ def _idefics3(out: Path) -> None:
     _save(out, Idefics3ForConditionalGeneration, config, processor)
 
 
-def _save(out: Path, model_class: Callable[..., Any], config: Any, processor: Any) -> None:
+def _save(
+    out: Path,
+    model_class: Callable[..., Any],
+    config: Any,
+    processor: Any,
+    *,
+    randomize: tuple[str, ...] = (),
+) -> None:
     from transformers import GenerationConfig
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = model_class(config)
+        for name, param in model.named_parameters():
+            if randomize and name.endswith(randomize):
+                torch.nn.init.normal_(param, std=param.shape[0] ** -0.5)
     tok = processor.tokenizer
     model.generation_config = GenerationConfig(
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id

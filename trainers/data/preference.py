@@ -138,9 +138,8 @@ def tokenized_pairs(
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     for line, row in rows_of_kind(rows, kind, param=param):
         with row_errors(line, kind, param=param):
-            prompt, chosen, rejected, images = _texts(row, kind.shape, tokenizer, bos, eos)
+            prompt, chosen, rejected, images = _texts(row, kind.shape, tokenizer, bos, eos, vision)
             margin = _margin(row.get("margin", 0.0))
-            require_vision(images, vision)
             prompt_part = vision.tokenize([(prompt, False)], images) if vision is not None else None
         prompt_ids = _encode(tokenizer, prompt) if prompt_part is None else prompt_part.input_ids
         chosen_ids, rejected_ids = _encode(tokenizer, chosen), _encode(tokenizer, rejected)
@@ -374,7 +373,12 @@ def _extra_inputs(
 
 
 def _texts(
-    row: Mapping[str, Any], shape: Shape | None, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
+    row: Mapping[str, Any],
+    shape: Shape | None,
+    tokenizer: PreTrainedTokenizerBase,
+    bos: str,
+    eos: str,
+    vision: ImageTokenizer | None,
 ) -> tuple[str, str, str, list[ImageRef]]:
     """(prompt, chosen completion, rejected completion) as text, and the prompt's images: a text pair's
     strings with BOS and EOS, or the conversations rendered by the chat template
@@ -383,6 +387,7 @@ def _texts(
         read = preference_pair(row, openai_shape=shape is Shape.OPENAI_PREFERENCE)
     if read is None:
         return bos + row["prompt"], row["chosen"] + eos, row["rejected"] + eos, []
+    require_vision(read[0].images, vision)
     prompt_text, (chosen_text, rejected_text) = conversation_texts(tokenizer, read)
     return prompt_text, chosen_text, rejected_text, read[0].images
 

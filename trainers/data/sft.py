@@ -160,9 +160,8 @@ def untruncated_examples(
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     for line, row in rows_of_kind(rows, kind, param=param):
         with row_errors(line, kind, param=param):
-            sequences, chat = _sequences(row, kind.format, tokenizer, bos, eos)
+            sequences, chat = _sequences(row, kind.format, tokenizer, bos, eos, vision)
             refs = chat.images if chat is not None else []
-            require_vision(refs, vision)
             tokenized = [
                 vision.tokenize(segments, refs) if vision is not None else _tokenize(segments, tokenizer)
                 for segments in sequences
@@ -177,7 +176,12 @@ def truncated(example: TokenizedExample, max_length: int) -> TokenizedExample:
 
 
 def _sequences(
-    row: Mapping[str, Any], fmt: FileFormat, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
+    row: Mapping[str, Any],
+    fmt: FileFormat,
+    tokenizer: PreTrainedTokenizerBase,
+    bos: str,
+    eos: str,
+    vision: ImageTokenizer | None,
 ) -> tuple[list[list[Segment]], Conversation | None]:
     """The row's training sequences as (text, trainable) segments: one, or for a chat whose template
     renders earlier turns differently once later ones follow, one per such turn; and the conversation
@@ -185,6 +189,7 @@ def _sequences(
     if fmt is FileFormat.CHAT:
         with read_errors():
             chat = read_chat(row["messages"], "messages", tools_from=row)
+        require_vision(chat.images, vision)
         return training_sequences(tokenizer, chat), (chat if chat.images else None)
     if fmt is FileFormat.TEXT:
         return [[(bos, False), (_require_str(row["text"], "text") + eos, True)]], None
@@ -194,6 +199,7 @@ def _sequences(
             context = read_chat(prompt, "prompt", tools_from=row)
             context.weights = [0] * len(context.weights)  # the prompt's turns carry no loss
             chat = continue_chat(context, completion, "completion")
+        require_vision(chat.images, vision)
         return training_sequences(tokenizer, chat), (chat if chat.images else None)
     prompt = _require_str(prompt, "prompt")
     completion = _require_str(completion, "completion")
