@@ -26,6 +26,7 @@ class FileObject(_Object):
     format: str | None = None
     line_count: int | None = None
     sha256: str | None = None
+    images: int | None = None
 
 
 class FileDeleted(_Object):

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.base_models.catalog import resolve_base_model
 from service.base_models.fine_tuned import find_final_checkpoint
+from service.base_models.modalities import model_modalities
 from service.base_models.tinker_checkpoints import find_tinker_checkpoint
 from service.config import Settings
 from service.errors import BadRequest, NotFound
@@ -31,11 +32,14 @@ from service.jobs.spec import (
     hyperparameter_problem,
     load_method,
     resolve_hyperparameters,
+    resolved_values,
     resources_problem,
     stored_method,
 )
 from service.models import File, Job, Tenant
 from trainers.formats import FileFormat
+from trainers.modalities import IMAGE
+from trainers.registry import METHODS, VISION
 
 
 def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, method_type: str) -> File:
@@ -60,6 +64,59 @@ def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, m
             code="invalid_file_format",
         )
     return row
+
+
+def _check_images(
+    session: Session,
+    *,
+    tenant: Tenant,
+    spec: JobCreate,
+    method: Method,
+    files: list[tuple[str, File]],
+    settings: Settings,
+) -> None:
+    """Rows with images train only on a model that takes them, with a method that does, unpacked; the
+    ``VISION`` knobs only on a model that takes images (docs/vision.md)."""
+    with_images = [(param, row) for param, row in files if row.images]
+    hp = resolved_values(method)
+    asked = [p.name for p in VISION if hp.get(p.name)]
+    if not with_images and not asked:
+        return
+    takes = model_modalities(session, settings, tenant_id=tenant.id, name=spec.model)
+    # None: a hub model the API has not seen; its worker refuses images if the model takes none
+    if takes is not None and IMAGE not in takes:
+        if with_images:
+            param, row = with_images[0]
+            raise BadRequest(
+                f"model '{spec.model}' takes text only, and {param} '{row.id}' has {row.images} images "
+                f"in {row.image_examples} examples: train on a vision-language base (docs/vision.md)",
+                param="model",
+                code="model_takes_no_images",
+            )
+        knob = f"method.{method.type}.hyperparameters.{asked[0]}"
+        raise BadRequest(
+            f"{knob}: model '{spec.model}' takes text only; it has no vision tower or projector",
+            param=knob,
+            code="invalid_value",
+        )
+    if not with_images:
+        return
+    param, row = with_images[0]
+    if not method.declaration.images:
+        takes_them = ", ".join(sorted(m.name for m in METHODS.values() if m.images))
+        raise BadRequest(
+            f"method '{method.type}' does not train on images ({param} '{row.id}' has {row.images}); "
+            f"the methods that do: {takes_them}",
+            param="method.type",
+            code="invalid_value",
+        )
+    if hp.get("packing"):
+        knob = f"method.{method.type}.hyperparameters.packing"
+        raise BadRequest(
+            f"{knob}: packing is not supported for rows with images ({param} '{row.id}')",
+            param=knob,
+            code="invalid_value",
+        )
 
 
 def _check_rl(
@@ -155,20 +212,23 @@ def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
     )
+    files = [("training_file", training)]
     if spec.validation_file is not None:
-        _check_file(
+        validation = _check_file(
             session,
             tenant=tenant,
             file_id=spec.validation_file,
             param="validation_file",
             method_type=method.type,
         )
+        files.append(("validation_file", validation))
 
     resolve_hyperparameters(method, n_examples=training.line_count)
     problem = hyperparameter_problem(method) or resources_problem(method, resources)
     if problem is not None:
         param, message = problem
         raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")
+    _check_images(session, tenant=tenant, spec=spec, method=method, files=files, settings=settings)
     return CheckedSpec(method, resources, training)
 
 

@@ -129,7 +129,7 @@ def _config(path: Path, out: Path, **overrides: Any) -> SFTConfig:
 def test_rows_tokenize_as_the_processor_makes_them_and_the_loss_is_a_plain_forwards(
     family: tuple[str, Path], tmp_path: Path
 ) -> None:
-    name, path = family
+    _, path = family
     rows = _rows()
     processor = load_processor(str(path))
     vision = VisionData(processor, ImageFiles())
