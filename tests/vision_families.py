@@ -82,7 +82,7 @@ def _gemma3(out: Path) -> None:
     )
     config = Gemma3Config(
         text_config={**_TEXT, "vocab_size": len(tok), "head_dim": 16, "sliding_window": 64},
-        vision_config={**_VISION, "image_size": 28, "patch_size": 7},
+        vision_config={**_VISION, "image_size": 28, "patch_size": 7, "vision_use_head": False},
         mm_tokens_per_image=4,
         boi_token_index=tok.convert_tokens_to_ids(image[0]),
         eoi_token_index=tok.convert_tokens_to_ids(image[1]),

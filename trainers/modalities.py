@@ -84,3 +84,26 @@ def part_of(family: VisionFamily, module_name: str) -> str:
         if any(module_name == p or module_name.startswith(p + ".") for p in prefixes):
             return part
     return "language_model"
+
+
+def image_token_id(config: Mapping[str, Any]) -> int | None:
+    """The token the model's language model takes an image's features at (what the processor expands
+    each image into: Gemma 3's soft tokens, Idefics3's ``<image>``, Qwen's ``<|image_pad|>``)."""
+    value = config.get("image_token_id", config.get("image_token_index"))
+    return value if isinstance(value, int) else None
+
+
+def patches_per_image_token(config: Mapping[str, Any]) -> float:
+    """How many patches the vision tower encodes for one image token of the text: Gemma 3 pools its
+    (image_size / patch_size)^2 patches into ``mm_tokens_per_image``, Idefics3 and SmolVLM shuffle
+    ``scale_factor``^2 patches into a token, Qwen merges ``spatial_merge_size``^2; 1 otherwise."""
+    vision = config.get("vision_config") or {}
+    model_type = config.get("model_type")
+    if model_type == "gemma3" and config.get("mm_tokens_per_image"):
+        patches = (int(vision.get("image_size", 896)) // int(vision.get("patch_size", 14))) ** 2
+        return patches / int(config["mm_tokens_per_image"])
+    if model_type in ("idefics3", "smolvlm"):
+        return float(config.get("scale_factor", 1)) ** 2
+    if model_type in ("qwen2_5_vl", "qwen3_vl"):
+        return float(vision.get("spatial_merge_size", 2)) ** 2
+    return 1.0

@@ -171,6 +171,7 @@ class JobEstimate(_Object):
     tokens_reason: str | None = None
     total_steps: int
     truncated: dict[str, Any] | None = None
+    images: dict[str, int] | None = None
     peak_memory_bytes: list[dict[str, Any]]
     estimated_wall_time: dict[str, Any]
     queue_position: int

@@ -25,7 +25,6 @@ from worker.launch import leave_out_bitsandbytes_if_asked
 
 leave_out_bitsandbytes_if_asked()  # before the imports below import peft
 
-import json
 import logging
 import math
 import shlex
@@ -43,7 +42,6 @@ from sqlalchemy import select
 
 from service.config import get_settings
 from service.db import session_scope
-from service.files.images import fetched_key, read_manifest
 from service.jobs import lifecycle, repository
 from service.jobs.events import add_event, state_event
 from service.jobs.live import live_publisher
@@ -56,11 +54,11 @@ from trainers.core.distributed import CollectiveError
 from trainers.core.errors import DataError
 from trainers.core.loop import NullCallbacks, StopRequest
 from trainers.data.jsonl_rows import JsonlRows
-from trainers.data.vision import INDEX_FILE
 from trainers.families.shared_base import SharedBase
 from trainers.registry import METHODS, resolve
 from worker import reference_log_probs, shared_base_host
 from worker.checkpoints import restore_latest_checkpoint
+from worker.file_images import fetched_images
 from worker.graders import reward_set
 from worker.launch import HOST_FLAG, TRAINER_MODULE, die_with_parent, trainer_command
 from worker.methods import RunInputs, keeps_reference_log_probs, run_method
@@ -92,27 +90,6 @@ def read_rows(blobs: BlobStore, file_row: File | None, *, param: str, workdir: P
     with local.open("wb") as fh:
         blobs.copy_to(file_row.blob_key, fh)
     return JsonlRows(local, param=param)
-
-
-def fetched_images(blobs: BlobStore, files: list[File | None], *, workdir: Path) -> Path | None:
-    """The images ``files`` fetched for their http(s) image URLs at upload, copied into a folder of the
-    job's with their index (``trainers.data.vision.ImageFiles``); None when they fetched none."""
-    index: dict[str, str] = {}
-    folder = workdir / "images"
-    for row in files:
-        if row is None or not row.images:
-            continue
-        for entry in read_manifest(blobs, row.blob_key):
-            if entry["url"] and entry["url"] not in index:
-                if not (folder / entry["sha256"]).exists():
-                    folder.mkdir(exist_ok=True)
-                    with (folder / entry["sha256"]).open("wb") as fh:
-                        blobs.copy_to(fetched_key(row.blob_key, entry["sha256"]), fh)
-                index[entry["url"]] = entry["sha256"]
-    if not index:
-        return None
-    (folder / INDEX_FILE).write_text(json.dumps(index), encoding="utf-8")
-    return folder
 
 
 def _fail(job_id: str, worker_id: str, *, code: str, message: str, param: str | None, fault: str) -> None:
@@ -157,7 +134,8 @@ def load_inputs(
     valid_rows = None
     if job.validation_file:
         valid_rows = read_rows(blobs, validation, param="validation_file", workdir=workdir)
-    images_dir = fetched_images(blobs, [training, validation], workdir=workdir)
+    with_images = [f.blob_key for f in (training, validation) if f is not None and f.images]
+    images_dir = fetched_images(blobs, with_images, workdir=workdir)
     reference_cache = None
     if training is not None and keeps_reference_log_probs(method):
         reference_cache = workdir / "reference-logps.npz"

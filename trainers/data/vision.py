@@ -104,6 +104,10 @@ class VisionExample(TokenizedExample):
     token_types: list[int]
     vision: dict[str, Any]
 
+    @property
+    def images(self) -> list[str]:
+        return list(self.vision["images"])
+
     def truncated(self, max_length: int) -> VisionExample:
         """The first ``max_length`` tokens, or fewer: a cut inside an image-bearing segment moves to its
         start, leaving its images and the later ones out."""
@@ -122,8 +126,12 @@ _TEXT_KEYS = ("input_ids", "attention_mask")
 class VisionData:
     """The processor of a run's model and its images: tokenizes segments with images, batches pixels."""
 
-    def __init__(self, processor: ProcessorMixin, images: ImageFiles) -> None:
+    def __init__(
+        self, processor: ProcessorMixin, images: ImageFiles, *, image_token_id: int | None = None
+    ) -> None:
         self.processor, self.images = processor, images
+        # the token the model takes image features at (``trainers.modalities.image_token_id``)
+        self.image_token_id = image_token_id
         self.tokenizer = processor.tokenizer
         self.placeholder: str = processor.image_token  # type: ignore[attr-defined]
         self.token_type_key: str | None = None  # learnt from the processor's first answer
@@ -189,6 +197,32 @@ class VisionData:
             self.token_type_key = extra[0]
             return [int(t) for t in out[extra[0]][0]]
         return [0] * n
+
+    def image_spans(self, example: VisionExample) -> list[tuple[int, int]]:
+        """Where each image of ``example`` stands, as (first token, end) of what the processor expands it
+        into: each segment's text up to and after the image's placeholder through the processor's own
+        call (for the estimate's preview: a few examples)."""
+        spans: list[tuple[int, int]] = []
+        keys = example.images
+        for start, _end, text, n in example.vision["segments"]:
+            pieces = text.split(self.placeholder)
+            for k in range(n):
+                before = self.placeholder.join(pieces[: k + 1])
+                first = start + self._length(before, keys[len(spans) - k : len(spans)])
+                upto = before + self.placeholder
+                spans.append((first, start + self._length(upto, keys[len(spans) - k : len(spans) + 1])))
+        return spans
+
+    def _length(self, text: str, keys: Sequence[str]) -> int:
+        if not keys:
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self._call([text], [[self.images.open(k) for k in keys]])["input_ids"][0])
+
+    def image_tokens(self, example: TokenizedExample) -> int:
+        """How many of ``example``'s tokens take image features (``image_token_id``'s)."""
+        if self.image_token_id is None or not isinstance(example, VisionExample):
+            return 0
+        return sum(1 for t in example.input_ids if t == self.image_token_id)
 
     def batch_inputs(self, examples: Sequence[TokenizedExample], width: int) -> dict[str, torch.Tensor]:
         """The model's inputs beyond ids and attention mask for right-padded rows ``width`` wide: the

@@ -24,8 +24,9 @@ from trainers.core.rng import seed_everything
 from trainers.data.vision import ImageFiles, VisionData
 from trainers.families.shared_base import seat_of_this_thread, shareable
 from trainers.kernels.install import install_kernels
+from trainers.modalities import image_token_id
 from trainers.modeling.loading import ModelSettings, load_model, load_sequence_classifier, load_tokenizer
-from trainers.modeling.vision import is_vision_model, load_processor, load_vision_model
+from trainers.modeling.vision import is_vision_model, load_processor, load_vision_model, model_config
 from trainers.registry import get_method
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ def load_vision_data(config: TrainingConfig) -> VisionData | None:
     (``trainers.data.vision``); None for a text model."""
     if not is_vision_model(config.model_path):
         return None
-    return VisionData(load_processor(config.model_path), ImageFiles(config.images_dir))
+    token = image_token_id(model_config(config.model_path))
+    return VisionData(load_processor(config.model_path), ImageFiles(config.images_dir), image_token_id=token)
 
 
 def begin_on_rows(

@@ -35,6 +35,11 @@ from trainers.modalities import VISION_FAMILIES, part_of, takes_images
 from trainers.modeling.loading import ModelSettings, lora_base_dtype, restore_adapter
 
 
+def model_config(model_path: str) -> dict[str, Any]:
+    """The model's ``config.json`` as a dict (a copy)."""
+    return dict(_config(model_path))
+
+
 @functools.lru_cache(maxsize=64)
 def _config(model_path: str) -> dict[str, Any]:
     local = Path(model_path) / "config.json"
