@@ -53,7 +53,7 @@ def measure(
     model = load_model(settings, device, adapter_name="job0")
     assert isinstance(model, PeftModel)
     for index in range(1, jobs):
-        model.add_adapter(f"job{index}", lora_config(settings))
+        model.add_adapter(f"job{index}", lora_config(settings, model))
     install_kernels(model, settings, device)
     model.train()
     dtype = autocast_dtype(precision, device)

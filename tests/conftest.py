@@ -50,8 +50,8 @@ IDLE_QUEUE = "tunehouse-idle"
 IDLE = {"TUNEHOUSE_BROKER_URL": IDLE_BROKER, "TUNEHOUSE_JOB_QUEUE": IDLE_QUEUE}
 DATA_DIR = Path(tempfile.mkdtemp(prefix="tunehouse-test-"))
 MAX_UPLOAD_BYTES = 2 * 1024 * 1024
-# a base model in the operator's registry whose tokenizer carries Qwen3's real chat template (TRL's copy):
-# the stacks train and estimate chat rows with tools and reasoning on it; built by `chat_model`
+# a base model in the operator's registry: the tiny Qwen3 of tests/model_families.py (Qwen3's real chat
+# template, TRL's copy): the stacks train and estimate chat rows with tools and reasoning on it
 CHAT_MODEL = "tunehouse/tiny-qwen3-chat"
 CHAT_MODEL_DIR = DATA_DIR / "models" / "tiny-qwen3-chat"
 # tiny vision-language bases of the families tests/vision_families.py builds (by `vision_models`)
@@ -192,18 +192,12 @@ def start_server(
 
 @pytest.fixture(scope="session")
 def chat_model() -> str:
-    """``CHAT_MODEL`` built: the tiny model with Qwen3's chat template (its name, for job bodies)."""
+    """``CHAT_MODEL`` built: the tiny Qwen3 of tests/model_families.py, its real chat template and special
+    tokens (its name, for job bodies)."""
     if not (CHAT_MODEL_DIR / "config.json").exists():
-        import trl
-        from transformers import AutoTokenizer
+        from tests.model_families import build_family
 
-        from trainers.modeling.tiny_model import build_tiny_model
-
-        build_tiny_model(CHAT_MODEL_DIR)
-        tokenizer = AutoTokenizer.from_pretrained(CHAT_MODEL_DIR)
-        template = Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja"
-        tokenizer.chat_template = template.read_text(encoding="utf-8")
-        tokenizer.save_pretrained(CHAT_MODEL_DIR)
+        build_family("qwen3", CHAT_MODEL_DIR)
     return CHAT_MODEL
 
 
@@ -222,6 +216,23 @@ def api_url() -> Iterator[str]:
     url, proc = start_server({**IDLE, "TUNEHOUSE_INFERENCE_TIMEOUT_SECONDS": "1"})
     yield url
     _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``family_model(name)``: the folder of family ``name``'s tiny model with its real chat template
+    (``tests.model_families.FAMILIES``), built on first use, once per test process."""
+    import functools
+
+    from tests.model_families import build_family
+
+    root = tmp_path_factory.mktemp("families")
+
+    @functools.cache
+    def build(name: str) -> Path:
+        return build_family(name, root / name)
+
+    return build
 
 
 @pytest.fixture(scope="module")

@@ -482,9 +482,9 @@ SUPERVISED = Method(
             False,
             "bin each micro-batch into rows of max_length (best-fit decreasing), each example "
             "attending only to itself (on CUDA with bf16/fp16, through flash attention's variable-length "
-            "kernel); without it, "
-            "Llama/Mistral/Qwen2/Qwen3/Phi-3 models still drop the padding (rows no wider than the "
-            "micro-batch's longest example), as the preference methods always do",
+            "kernel); without it, the architectures whose decoder runs alone still drop the padding (rows "
+            "no wider than the micro-batch's longest example), as the preference methods always do; "
+            "refused where the architecture cannot take packed rows (docs/model-families.md)",
         ),
     ),
     # full fine-tuning moves every weight: a tenth of the adapter's rate

@@ -29,7 +29,7 @@ from service.files.images import UploadImages
 from service.input_guard import unsafe_value
 from trainers.chat.images import DEFAULT_LIMITS
 from trainers.chat.pairs import preference_pair, prompt_and_completions, unpaired_example
-from trainers.chat.rows import Conversation, ImageRef, RowProblem, read_chat
+from trainers.chat.rows import Conversation, ImageRef, RowProblem, json_type, read_chat, short
 from trainers.formats import FileFormat, detect, shape
 from trainers.registry import get_method
 
@@ -52,7 +52,6 @@ def method_formats(method_type: str) -> frozenset[FileFormat]:
 _T = TypeVar("_T")
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 
-_MAX_REPR = 40
 _MAX_KEYS_SHOWN = 8
 
 
@@ -81,27 +80,6 @@ class FileStats:
     """Examples (lines) with at least one image."""
 
 
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__  # pragma: no cover - json.loads yields nothing else
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
-
-
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -128,19 +106,19 @@ class _Line:
 
     def string(self, value: object, path: str, *, non_empty: bool = True) -> str:
         if not isinstance(value, str):
-            self.fail(path, f"expected a string, got {_json_type(value)}")
+            self.fail(path, f"expected a string, got {json_type(value)}")
         if non_empty and not value.strip():
             self.fail(path, "must be a non-empty string")
         return value
 
     def obj(self, value: object, path: str) -> dict[str, Any]:
         if not isinstance(value, dict):
-            self.fail(path, f"expected an object, got {_json_type(value)}")
+            self.fail(path, f"expected an object, got {json_type(value)}")
         return value
 
     def array(self, value: object, path: str) -> list[Any]:
         if not isinstance(value, list):
-            self.fail(path, f"expected an array, got {_json_type(value)}")
+            self.fail(path, f"expected an array, got {json_type(value)}")
         if not value:
             self.fail(path, "must be a non-empty array")
         return value
@@ -193,7 +171,7 @@ class _Line:
     def unpaired_preference(self, example: dict[str, Any]) -> None:
         label = self.require(example, "label", "label")
         if not isinstance(label, bool):
-            self.fail("label", f"expected true or false, got {_json_type(label)}")
+            self.fail("label", f"expected true or false, got {json_type(label)}")
         messages_shape = "messages" in example and "prompt" not in example
         read = self.read(lambda: unpaired_example(example, messages_shape=messages_shape))
         if read is None:
@@ -225,7 +203,7 @@ def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Li
     if detected is not None:
         return detected
     keys = list(example)
-    shown = ", ".join(_short(k) for k in keys[:_MAX_KEYS_SHOWN])
+    shown = ", ".join(short(k) for k in keys[:_MAX_KEYS_SHOWN])
     if len(keys) > _MAX_KEYS_SHOWN:
         shown += ", ..."
     line.fail(
@@ -389,7 +367,7 @@ class JsonlValidator:
         except RecursionError:
             line.fail(None, "invalid JSON: nested too deeply")
         if not isinstance(example, dict):
-            line.fail(None, f"expected a JSON object, got {_json_type(example)}")
+            line.fail(None, f"expected a JSON object, got {json_type(example)}")
         # a lone surrogate ("\ud800": no tokenizer can encode it), 1e999 (infinity, as NaN above), a NUL:
         # refused here, naming the line, rather than failing the job later
         if found := unsafe_value(example):

@@ -20,6 +20,7 @@ from service.files.service import PURPOSES, get_file
 from service.files.validation import method_formats
 from service.graders.service import check_grader
 from service.ids import new_id
+from service.jobs.architecture import architecture_problem
 from service.jobs.capacity import note_if_unfit
 from service.jobs.dispatch import send_after_commit
 from service.jobs.events import add_event, state_event
@@ -75,13 +76,11 @@ def _check_images(
     files: list[tuple[str, File]],
     settings: Settings,
 ) -> None:
-    """Rows with images train only on a model that takes them, with a method that does, unpacked; the
-    ``VISION`` knobs only on a model that takes images (docs/vision.md)."""
+    """Rows with images train only on a model that takes them, with a method that does; a vision base
+    trains unpacked, and the ``VISION`` knobs ask for a vision base (docs/vision.md)."""
     with_images = [(param, row) for param, row in files if row.images]
     hp = resolved_values(method)
     asked = [p.name for p in VISION if hp.get(p.name)]
-    if not with_images and not asked:
-        return
     takes = model_modalities(session, settings, tenant_id=tenant.id, name=spec.model)
     # None: a hub model the API has not seen; its worker refuses images if the model takes none
     if takes is not None and IMAGE not in takes:
@@ -93,28 +92,28 @@ def _check_images(
                 param="model",
                 code="model_takes_no_images",
             )
-        knob = f"method.{method.type}.hyperparameters.{asked[0]}"
+        if asked:
+            knob = f"method.{method.type}.hyperparameters.{asked[0]}"
+            raise BadRequest(
+                f"{knob}: model '{spec.model}' takes text only; it has no vision tower or projector",
+                param=knob,
+                code="invalid_value",
+            )
+    if hp.get("packing") and (with_images or (takes is not None and IMAGE in takes)):
+        knob = f"method.{method.type}.hyperparameters.packing"
         raise BadRequest(
-            f"{knob}: model '{spec.model}' takes text only; it has no vision tower or projector",
+            f"{knob}: packing is not supported on a vision-language base (its rows' image positions are "
+            "per row); set packing to false",
             param=knob,
             code="invalid_value",
         )
-    if not with_images:
-        return
-    param, row = with_images[0]
-    if not method.declaration.images:
+    if with_images and not method.declaration.images:
+        param, row = with_images[0]
         takes_them = ", ".join(sorted(m.name for m in METHODS.values() if m.images))
         raise BadRequest(
             f"method '{method.type}' does not train on images ({param} '{row.id}' has {row.images}); "
             f"the methods that do: {takes_them}",
             param="method.type",
-            code="invalid_value",
-        )
-    if hp.get("packing"):
-        knob = f"method.{method.type}.hyperparameters.packing"
-        raise BadRequest(
-            f"{knob}: packing is not supported for rows with images ({param} '{row.id}')",
-            param=knob,
             code="invalid_value",
         )
 
@@ -224,7 +223,13 @@ def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
         files.append(("validation_file", validation))
 
     resolve_hyperparameters(method, n_examples=training.line_count)
-    problem = hyperparameter_problem(method) or resources_problem(method, resources)
+    problem = (
+        hyperparameter_problem(method)
+        or resources_problem(method, resources)
+        or architecture_problem(
+            session, tenant_id=tenant.id, settings=settings, model=spec.model, method=method
+        )
+    )
     if problem is not None:
         param, message = problem
         raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")

@@ -14,18 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.chat_rows import CALL, WEATHER
 from tests.conftest import Stack, new_key
 from tests.helpers import all_pages, upload_ok, wait_for
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
-CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 TOOL_ROW = {
     "tools": [WEATHER],
     "parallel_tool_calls": False,

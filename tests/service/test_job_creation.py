@@ -22,6 +22,7 @@ from sqlalchemy import func, select
 
 import service.queue
 from service.base_models.catalog import TINY_MODEL_NAME
+from service.base_models.tinker_checkpoints import record_tinker_checkpoint
 from service.config import Settings, get_settings
 from service.db import session_scope
 from service.errors import AppError, BadRequest, NotFound
@@ -196,12 +197,14 @@ def test_a_hub_model_is_accepted_when_the_operator_allows_it(tenant: Tenant, idl
     )
 
 
-def _fine_tuned(tenant: Tenant, *, deleted: bool, method: str = "supervised") -> str:
-    name = f"ft:{TINY_MODEL_NAME}:{tenant.id}::{new_id('ftjob')}"
+def _fine_tuned(
+    tenant: Tenant, *, deleted: bool, method: str = "supervised", base: str = TINY_MODEL_NAME
+) -> str:
+    name = f"ft:{base}:{tenant.id}::{new_id('ftjob')}"
     job_id = new_id("ftjob")
     with session_scope() as session:
         stored = {"type": method, method: {"hyperparameters": {}}}
-        session.add(job_row(tenant.id, "succeeded", id=job_id, method=stored))
+        session.add(job_row(tenant.id, "succeeded", id=job_id, method=stored, model=base))
         session.flush()
         session.add(
             Checkpoint(
@@ -271,6 +274,57 @@ def test_files_are_checked_by_name(tenant: Tenant, param: str) -> None:
         param,
         "invalid_file_format",
     )
+
+
+def test_a_feature_the_architecture_cannot_take_is_refused(
+    tenant: Tenant, idle_broker: Waiting, family_model: Callable[[str], Path]
+) -> None:
+    """trainers.architectures' refusals, from the model's config.json: an operator's registered model, a
+    job's model fine-tuned from it and a Tinker checkpoint of it (tests/trainers/test_model_families.py:
+    what trains, family by family)."""
+    registry = {"oss": str(family_model("gpt-oss")), "moe": str(family_model("qwen3-moe"))}
+    settings = get_settings().model_copy(update={"model_registry": registry})
+    chats = _file(tenant)
+
+    def job(model: str, **hp: Any) -> dict[str, Any]:
+        method = {"type": "supervised", "supervised": {"hyperparameters": hp}}
+        return {"training_file": chats, "model": model, "method": method}
+
+    with session_scope() as session:
+        saved = record_tinker_checkpoint(
+            session,
+            tenant_id=tenant.id,
+            training_run_id="run:train:0",
+            kind="weights",
+            name="s1",
+            base_model="oss",
+            blob_key="tinker/x",
+            size=1,
+        ).fine_tuned_model
+    param = "method.supervised.hyperparameters.packing"
+    for model in ("oss", _fine_tuned(tenant, deleted=False, base="oss"), saved):
+        error = _refused(tenant, job(model, packing=True), settings)
+        assert (error.param, error.code) == (param, "invalid_value")
+        assert error.message == (
+            f"{param}: packing=True: gpt-oss models cannot train on packed rows (their attention masks "
+            "ignore the packed sequences' bounds in transformers); set packing to false"
+        )
+    param = "method.supervised.hyperparameters.lora_dropout"
+    error = _refused(tenant, job("moe", lora_dropout=0.1), settings)
+    assert (error.param, error.code) == (param, "invalid_value")
+    assert error.message == (
+        f"{param}: lora_dropout=0.1: LoRA adapts the experts of Qwen3-MoE models, which takes no dropout "
+        "(peft cannot apply it to fused expert weights); set lora_dropout to 0, or name "
+        "lora_target_modules to leave the experts out"
+    )
+    # what they can take is stored: no packing, the experts left out of LoRA or no LoRA at all
+    for body in (
+        job("oss", packing=False),
+        job("moe", lora_dropout=0.1, lora_target_modules=["q_proj"]),
+        job("moe", lora_dropout=0.1, lora=False),
+        job(TINY_MODEL_NAME, packing=True),  # Llama packs
+    ):
+        assert _create(tenant, body, settings).status == "queued"
 
 
 CHECK = {

@@ -161,6 +161,7 @@ class Conversation:
     paths: list[str]  # where each message was in the row, for errors: "messages[2]", "preferred_output[0]"
     tools: list[dict[str, Any]] | None = None
     parallel_tool_calls: bool | None = None
+    tools_field: str = "tools"  # where the tools were in the row ("input.tools", "functions"), for errors
     images: list[ImageRef] = field(default_factory=list)  # in the order of the messages and their parts
     # the tool calls made so far that no tool message answered yet, in order: (id, name)
     open_calls: list[tuple[str, str]] = field(default_factory=list, repr=False)
@@ -541,8 +542,17 @@ def read_chat(
     tools_prefix: str = "",
 ) -> Conversation:
     """Read a message list (at ``path``), with the tools of ``tools_from`` (a row, or its ``input``)."""
-    tools, parallel = read_tools(tools_from or {}, tools_prefix)
-    chat = Conversation(messages=[], weights=[], paths=[], tools=tools, parallel_tool_calls=parallel)
+    source = tools_from or {}
+    tools, parallel = read_tools(source, tools_prefix)
+    key = "functions" if source.get("tools") is None and source.get("functions") is not None else "tools"
+    chat = Conversation(
+        messages=[],
+        weights=[],
+        paths=[],
+        tools=tools,
+        parallel_tool_calls=parallel,
+        tools_field=tools_prefix + key,
+    )
     return continue_chat(chat, messages, path)
 
 
@@ -558,6 +568,7 @@ def continue_chat(
         paths=list(chat.paths),
         tools=chat.tools,
         parallel_tool_calls=chat.parallel_tool_calls,
+        tools_field=chat.tools_field,
         images=list(chat.images),
         open_calls=list(chat.open_calls),
         call_names=dict(chat.call_names),

@@ -122,6 +122,12 @@ class TrainingConfig:
     resume_from: str | None = None
     images_dir: str | None = None
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """The config's hyperparameters by their API names (``lora``, not ``use_lora``), as the service
+        holds them."""
+        entry = get_method(self.method)
+        return {p.name: getattr(self, p.field) for p in entry.hyperparameters if p.in_trainer}
+
     def validate(self) -> None:
         """Raise ``DataError`` naming the first hyperparameter out of range.
 
@@ -168,7 +174,4 @@ class RolloutConfig(TrainingConfig):
     def uses_reference(self) -> bool:
         """Whether the method compares the policy with the base model (then a full fine-tune loads a
         frozen copy of it; LoRA disables its adapter instead): the registry entry's ``reference``."""
-        entry = get_method(self.method)
-        return entry.uses_reference(
-            {p.name: getattr(self, p.field) for p in entry.hyperparameters if p.in_trainer}
-        )
+        return get_method(self.method).uses_reference(self.hyperparameters())

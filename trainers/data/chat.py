@@ -279,7 +279,7 @@ def require_context(chat: Conversation, rendered: str) -> None:
     the content of every message that does not train."""
     for tool in chat.tools or ():
         if tool["function"]["name"] not in rendered:
-            raise ChatDataError("tools", "the model's chat template does not render tools")
+            raise ChatDataError(chat.tools_field, "the model's chat template does not render tools")
     for message, path, weight in zip(chat.messages, chat.paths, chat.weights, strict=True):
         if weight != 1:
             require_rendered(rendered, message, path, trained=False)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from trainers.architectures import problem as architecture_problem
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import TrainingConfig
 from trainers.core.errors import DataError
@@ -25,7 +26,13 @@ from trainers.data.vision import ImageFiles, VisionData
 from trainers.families.shared_base import seat_of_this_thread, shareable
 from trainers.kernels.install import install_kernels
 from trainers.modalities import image_token_id
-from trainers.modeling.loading import ModelSettings, load_model, load_sequence_classifier, load_tokenizer
+from trainers.modeling.loading import (
+    ModelSettings,
+    load_model,
+    load_sequence_classifier,
+    load_tokenizer,
+    model_type,
+)
 from trainers.modeling.vision import is_vision_model, load_processor, load_vision_model, model_config
 from trainers.registry import get_method
 
@@ -55,9 +62,15 @@ def begin_training(
     rewards: RewardSet | None,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> PreTrainedTokenizerBase:
-    """Check the config's ranges and that the inputs fit the method, seed everything, load the tokenizer
-    (unless given: a vision model's processor's)."""
+    """Check the config's ranges, that the model's architecture takes the features it asks for
+    (``trainers.architectures.problem``: the check the service makes at job creation, repeated for a
+    model the service could not read) and that the inputs fit the method; seed everything, load the
+    tokenizer (unless given: a vision model's processor's)."""
     config.validate()
+    problem = architecture_problem(model_type(config.model_path), config.hyperparameters())
+    if problem is not None:
+        name, message = problem
+        raise DataError(message, param=f"hyperparameters.{name}")
     method = get_method(config.method)
     if method.grader and rewards is None:
         raise DataError(f"method '{method.name}' needs a grader (reward functions)", param="grader")

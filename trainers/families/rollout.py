@@ -10,9 +10,10 @@ without EOS is ``truncated``.
 
 ``completion_logps`` gives log p(o_t | q, o_<t) of each completion token under a model, with logits
 divided by the sampling temperature, as the policy-gradient losses need. Where the model's decoder runs
-alone (``modeling.decoder_and_head``), it runs on the real tokens only (``completion_layout``): each row's
-prompt and completion packed, and where its attention takes a mask (sdpa), the prompt shared by
-consecutive rows (a GRPO or RLOO group, an online DPO pair) once (``packing.shared_prompt_layout``).
+alone on packed rows (``modeling.runs_packed``), it runs on the real tokens only (``completion_layout``):
+each row's prompt and completion packed, and where its attention takes a mask (``modeling.pair_packing``),
+the prompt shared by consecutive rows (a GRPO or RLOO group, an online DPO pair) once
+(``packing.shared_prompt_layout``).
 
 A step preparer (``trainers.core.loop.StepPreparer``) subclasses ``ReusedRollout``: its ``rollout`` samples,
 scores, and splits the rollout into ``micro_batch_spans`` (``Rollout.select`` trims their padding) of
@@ -41,7 +42,7 @@ from trainers.data.sft import _bos_text, first_row_kind, row_errors, rows_of_kin
 from trainers.formats import FileFormat, Shape
 from trainers.kernels.merged_lora import merged_lora
 from trainers.modeling.generation import SamplingProcessor, contiguous_head_input
-from trainers.modeling.loading import decoder_and_head, packed_hidden_states, pair_packing
+from trainers.modeling.loading import decoder_and_head, packed_hidden_states, pair_packing, runs_packed
 
 
 @dataclass(frozen=True)
@@ -314,7 +315,7 @@ def completion_logps(
     (values at the positions ``completion_mask`` leaves out are not defined). On the real tokens only
     where the decoder runs alone (the module docstring)."""
     split = decoder_and_head(model)
-    if split is None:
+    if split is None or not runs_packed(model):
         out = forward_completion(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
         return token_logps(out.logits, completion_ids, temperature)
     decoder, head = split

@@ -152,7 +152,7 @@ class SharedBase:
         else:
             if key != self._key:
                 raise ValueError(f"job {name} needs base {key}, this process holds {self._key}")
-            self._model.add_adapter(name, lora_config(settings))
+            self._model.add_adapter(name, lora_config(settings, self._model))
             if settings.resume_from:
                 restore_adapter(self._model, Path(settings.resume_from) / MODEL_DIR, name)
         self._model.set_adapter(name)

@@ -13,7 +13,8 @@ Llama-style layer, some of those are cheap to recompute from others that backwar
 
 For SmolLM2 with LoRA that is ~40% of a layer's saved activations, for a few elementwise passes more
 in backward. ``save_less_activation`` installs it on the architectures whose MLP and RMSNorm forwards
-are exactly transformers' Llama ones (``RECOMPUTING_MODELS``). Not under gradient checkpointing, which
+are exactly transformers' Llama ones, or Phi-3's MLP with its gate and up in one projection
+(``RECOMPUTING_MODELS``). Not under gradient checkpointing, which
 drops a layer's activations altogether; a recipe would keep the tensors it reads alive.
 
 How: each decoder layer's forward runs in a ``_RecomputeScope``, whose saved-tensor hooks replace a
@@ -34,10 +35,12 @@ import torch.nn.functional as F
 from peft import PeftModel
 from transformers import PreTrainedModel
 
+from trainers.architectures import model_types
+
 # transformers architectures whose decoder layers' MLP forward is ``down_proj(act_fn(gate_proj(x)) *
-# up_proj(x))`` and whose RMSNorm is Llama's (checked in transformers 5.x's modeling files); phi3 fuses
-# gate and up into one projection
-RECOMPUTING_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# up_proj(x))`` (Phi-3: gate and up one projection) and whose RMSNorm is Llama's
+# (``Architecture.llama_layers``); the others keep transformers' forwards
+RECOMPUTING_MODELS = model_types(llama_layers=True)
 
 
 class _SiluMul(torch.autograd.Function):
@@ -150,9 +153,17 @@ def recompute(tensor: torch.Tensor, compute: Callable[[], torch.Tensor]) -> None
         scope.recompute(tensor, compute)
 
 
-def _gated_mlp_forward(mlp: Any, x: torch.Tensor) -> torch.Tensor:  # a transformers LlamaMLP
-    gate: torch.Tensor = mlp.gate_proj(x)
-    up: torch.Tensor = mlp.up_proj(x)
+def _gate_and_up(mlp: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gated MLP's two projections of ``x``: a LlamaMLP's two, or Phi-3's one fused ``gate_up_proj``
+    (the gate its first half), as views of its output."""
+    if hasattr(mlp, "gate_up_proj"):
+        gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+        return gate, up
+    return mlp.gate_proj(x), mlp.up_proj(x)
+
+
+def _gated_mlp_forward(mlp: Any, x: torch.Tensor) -> torch.Tensor:  # a transformers LlamaMLP or Phi3MLP
+    gate, up = _gate_and_up(mlp, x)
     out: torch.Tensor
     if not torch.is_grad_enabled():
         out = mlp.down_proj(F.silu(gate) * up)

@@ -137,6 +137,12 @@ def _kernel_dtype(query: torch.Tensor) -> torch.dtype | None:
     return dtype
 
 
+# what a layer may ask of its attention beyond causal attention within each sequence, which the kernel
+# does not do: a sliding window (Gemma 3's and gpt-oss's local layers, Mistral), soft-capped scores
+# (Gemma 2), attention sinks (gpt-oss). Such a call takes sdpa, under the mask transformers built for it
+BEYOND_CAUSAL = ("sliding_window", "softcap", "s_aux")
+
+
 def _takes_varlen(
     module: torch.nn.Module, query: torch.Tensor, dropout: float, kwargs: dict[str, Any]
 ) -> bool:
@@ -147,6 +153,7 @@ def _takes_varlen(
         and _kernel_dtype(query) is not None
         and dropout == 0.0
         and getattr(module, "is_causal", True)
+        and all(kwargs.get(name) is None for name in BEYOND_CAUSAL)
     )
 
 

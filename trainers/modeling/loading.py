@@ -17,14 +17,17 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model, set_peft_model_state_dict
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 from transformers.modeling_layers import GenericForSequenceClassification
 
+from trainers.architectures import architecture, model_types
 from trainers.core.checkpoint import MODEL_DIR, load_adapter_file
 from trainers.core.distributed import local_device
 from trainers.core.precision import autocast_dtype
@@ -58,6 +61,12 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is always masked out, so any id will do
     return tokenizer
+
+
+def model_type(model_path: str) -> str:
+    """The architecture of the model at ``model_path`` (its config's ``model_type``), read without loading
+    weights."""
+    return str(AutoConfig.from_pretrained(model_path).model_type)
 
 
 def load_model(
@@ -118,18 +127,42 @@ def restore_adapter(model: PeftModel, folder: Path, adapter_name: str) -> None:
     set_peft_model_state_dict(model, saved, adapter_name=adapter_name)
 
 
-def lora_config(settings: ModelSettings) -> LoraConfig:
+def lora_config(settings: ModelSettings, model: torch.nn.Module) -> LoraConfig:
+    """The job's LoRA on ``model`` (``lora_targets``)."""
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=settings.lora_r,
         lora_alpha=settings.lora_alpha,
         lora_dropout=settings.lora_dropout,
-        target_modules=settings.lora_target_modules or "all-linear",  # all-linear excludes the LM head
+        **lora_targets(settings, model),
     )
 
 
+def lora_targets(settings: ModelSettings, model: torch.nn.Module) -> dict[str, Any]:
+    """What LoRA adapts: the job's ``lora_target_modules``; else every linear layer but the head (peft's
+    "all-linear"), and on a mixture of experts (``Architecture.lora_experts``) the linear layers
+    by name (the router is a parameter, not one) and the experts' fused weights as ``target_parameters``.
+    Named rather than "all-linear" there: for architectures whose experts were linear layers in
+    transformers 4 (Qwen3-MoE), peft 0.21 turns "all-linear" into those layers' fused successors and
+    the router, and for the others (gpt-oss) it adapts the attention alone."""
+    if settings.lora_target_modules:
+        return {"target_modules": settings.lora_target_modules}
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    assert isinstance(base, PreTrainedModel)
+    experts = architecture(base.config.model_type).lora_experts
+    if not experts:
+        return {"target_modules": "all-linear"}
+    heads = {base.get_output_embeddings(), getattr(base, "score", None)}  # type: ignore[no-untyped-call]
+    linear = {
+        name.rsplit(".", 1)[-1]
+        for name, module in base.named_modules()
+        if isinstance(module, torch.nn.Linear) and module not in heads
+    }
+    return {"target_modules": sorted(linear), "target_parameters": list(experts)}
+
+
 def _add_lora(model: torch.nn.Module, settings: ModelSettings, adapter_name: str = "default") -> PeftModel:
-    config = lora_config(settings)
+    config = lora_config(settings, model)
     with warnings.catch_warnings():
         # peft 0.21 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates (FutureWarning).
         warnings.filterwarnings(
@@ -166,8 +199,8 @@ def load_sequence_classifier(
             r=settings.lora_r,
             lora_alpha=settings.lora_alpha,
             lora_dropout=settings.lora_dropout,
-            target_modules=settings.lora_target_modules or "all-linear",  # all-linear excludes the head
             modules_to_save=["score"],
+            **lora_targets(settings, model),  # the head trains in full, never through an adapter
         )
         with warnings.catch_warnings():
             warnings.filterwarnings(
@@ -181,8 +214,9 @@ def load_sequence_classifier(
 
 
 def _unsharded_base(model: torch.nn.Module) -> PreTrainedModel | None:
-    """The transformers model under a LoRA wrapper, if it is one of ``PLAIN_HEAD_MODELS`` and not sharded
-    (FSDP: weights are gathered only inside the model's own forward, ``trainers.core.sharding``)."""
+    """The transformers model under a LoRA wrapper, if its logits are a plain head's
+    (``PLAIN_HEAD_MODELS``, and no soft-capping of them) and it is not sharded (FSDP: weights are
+    gathered only inside the model's own forward, ``trainers.core.sharding``)."""
     if is_sharded(model):
         return None
     if isinstance(model, AdapterClassifier):
@@ -190,28 +224,41 @@ def _unsharded_base(model: torch.nn.Module) -> PreTrainedModel | None:
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     if not isinstance(base, PreTrainedModel) or base.config.model_type not in PLAIN_HEAD_MODELS:
         return None
+    if getattr(base.config, "final_logit_softcapping", None) is not None:  # tanh-capped logits (Gemma 2)
+        return None
     return base
 
 
 def runs_packed(model: torch.nn.Module) -> bool:
-    """Whether the pair methods pack their batches for ``model`` (``trainers.data.packing``,
-    ``PreferenceBatch.packed``): where its decoder can run alone (``decoder_and_head``,
-    ``classifier_parts``). Those architectures build their attention masks with transformers'
-    ``create_causal_mask``, which turns packed position ids into per-sequence attention."""
-    return _unsharded_base(model) is not None
+    """Whether the methods pack their batches for ``model`` without being asked (``trainers.data.packing``,
+    ``PreferenceBatch.packed``, the rollouts' ``completion_layout``): where its decoder can run alone
+    (``decoder_and_head``, ``classifier_parts``) and derives per-sequence attention from packed position
+    ids (``Architecture.packed_positions``: transformers' ``create_causal_mask``)."""
+    base = _unsharded_base(model)
+    return base is not None and architecture(base.config.model_type).packed_positions
 
 
 def pair_packing(model: torch.nn.Module) -> PairPacking:
     """How the pair methods run a preference batch through ``model``'s decoder: each pair's prompt once
     where its attention is sdpa, which takes ``shared_prompt_layout``'s boolean mask as it is (eager would
-    add it to the scores, flash attention has no mask, flex wants a block mask); else packed sequences
-    where ``runs_packed``; else padded."""
-    base = _unsharded_base(model)  # runs_packed's test
-    if base is None:
+    add it to the scores, flash attention has no mask, flex wants a block mask), and no layer attends
+    through a sliding window (a mask given whole is every layer's: transformers would not cut it to the
+    window); else packed sequences where ``runs_packed``; else padded."""
+    if not runs_packed(model):
         return PairPacking.PADDED
-    if base.config._attn_implementation == "sdpa":
+    base = _unsharded_base(model)
+    assert base is not None
+    if base.config._attn_implementation == "sdpa" and not slides(base.config):
         return PairPacking.SHARED_PROMPTS
     return PairPacking.SEQUENCES
+
+
+def slides(config: PretrainedConfig) -> bool:
+    """Whether some layer of a model of ``config`` attends through a sliding window (Gemma 3, gpt-oss, a
+    Mistral or Qwen2 configured with one)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    return window is not None and (layer_types is None or "sliding_attention" in layer_types)
 
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
@@ -317,8 +364,8 @@ def row_sums(values: torch.Tensor, target_mask: torch.Tensor) -> torch.Tensor:
 
 
 # transformers architectures whose forward computes ``logits = self.lm_head(hidden_states)`` and nothing
-# more (checked in transformers 5.x's modeling files); others keep the whole-model path
-PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+# more (``Architecture.plain_head``); others keep the whole-model path
+PLAIN_HEAD_MODELS = model_types(plain_head=True)
 
 
 def reward_scores(

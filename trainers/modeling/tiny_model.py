@@ -43,20 +43,26 @@ CHAT_TEMPLATE = (
 VOCAB_SIZE = 512
 
 
-def _train_tokenizer() -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on the bundled corpus and the demo data (the BPE trainer is deterministic)."""
+def byte_level_bpe(vocab_size: int, special_tokens: list[str]) -> Tokenizer:
+    """A byte-level BPE of ``vocab_size`` tokens (``special_tokens`` first) trained on the bundled corpus
+    and the demo data (the BPE trainer is deterministic)."""
     texts = CORPUS_PATH.read_text(encoding="utf-8").splitlines()
     texts += DEMO_SFT_PATH.read_text(encoding="utf-8").splitlines()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def _train_tokenizer() -> PreTrainedTokenizerFast:
+    tok = byte_level_bpe(VOCAB_SIZE, SPECIAL_TOKENS)
     # Like Llama tokenizers: encoding with special tokens prepends BOS; the chat template writes its own.
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]

@@ -8,17 +8,9 @@ from typing import Any
 
 import pytest
 
+from tests.chat_rows import WEATHER
 from trainers.chat.pairs import preference_pair, unpaired_example
 from trainers.chat.rows import REASONING_KEYS, RowProblem, read_chat
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 
 
 def call(name: str = "get_weather", arguments: Any = '{"city": "Paris"}', **extra: Any) -> dict[str, Any]:

@@ -19,23 +19,16 @@ import trl
 from transformers import PreTrainedTokenizerBase
 from trl.chat_template_utils import get_training_chat_template
 
+from tests.chat_rows import CALL, WEATHER
 from trainers.chat.rows import Conversation, read_chat
 from trainers.core.errors import DataError
 from trainers.data.chat import ChatDataError, render, training_sequences
 from trainers.data.file_stats import sft_file_stats
 from trainers.data.preference import tokenize_preference_rows
 from trainers.data.sft import tokenize_sft_rows
+from trainers.families.rollout import tokenize_rl_rows
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
-CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 ROWS: dict[str, dict[str, Any]] = {
     "multi-turn": {
         "messages": [
@@ -313,3 +306,134 @@ def test_preference_pairs_with_tool_calls_prefer_the_call(
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     assert chosen == f"<think>\n\n</think>\n\n{call}<|im_end|>\n"
     assert tokenizer.decode(pair.rejected_ids) == "<think>\n\n</think>\n\nNo idea.<|im_end|>\n"
+
+
+TOOL_PAIR = {
+    "input": {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]},
+    "preferred_output": [{"role": "assistant", "content": None, "tool_calls": [CALL]}],
+    "non_preferred_output": [{"role": "assistant", "content": "No idea."}],
+}
+REASONING_PAIR = {
+    "prompt": [{"role": "user", "content": "2 + 2?"}],
+    "chosen": [{"role": "assistant", "content": "4", "reasoning_content": "Two and two."}],
+    "rejected": [{"role": "assistant", "content": "5", "reasoning_content": "Guess."}],
+}
+TOOL_PROMPT = {"messages": [{"role": "user", "content": "Weather in Oslo?"}], "tools": [WEATHER]}
+# the other methods' rows under each template: what each reader refuses, by field (absent: it reads)
+OTHER_REFUSED: dict[str, dict[str, str]] = {
+    "qwen3": {},
+    "gptoss": {},
+    "qwen2_5": {"reasoning pair": "chosen[0].reasoning_content"},
+    "llama3_1": {"reasoning pair": "chosen[0].reasoning_content"},
+    # a pair's prompt renders first: where the template leaves the tools out, that is what is named
+    "gemma3": {
+        "tool pair": "input.tools",
+        "reasoning pair": "chosen[0].reasoning_content",
+        "tool prompt": "tools",
+    },
+    "phi3_5": {
+        "tool pair": "input.tools",
+        "reasoning pair": "chosen[0].reasoning_content",
+        "tool prompt": "tools",
+    },
+    "llava_next": {
+        "tool pair": "input.tools",
+        "reasoning pair": "chosen[0].reasoning_content",
+        "tool prompt": "tools",
+    },
+    "deepseek_r1_distill": {
+        "tool pair": "input.tools",
+        "reasoning pair": "chosen[0]",
+        "tool prompt": "tools",
+    },
+}
+OTHER_ROWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "tool pair": ("dpo", TOOL_PAIR),
+    "reasoning pair": ("dpo", REASONING_PAIR),
+    "tool prompt": ("grpo", TOOL_PROMPT),
+}
+OTHER_CASES = [(t, k) for t in OTHER_REFUSED for k in OTHER_ROWS]
+
+
+@pytest.mark.parametrize(("template", "kind"), OTHER_CASES, ids=[f"{t}-{k}" for t, k in OTHER_CASES])
+def test_preference_pairs_and_rl_prompts_read_or_refuse_by_field(
+    template: str, kind: str, with_template: Callable[[str], PreTrainedTokenizerBase]
+) -> None:
+    """A preference pair with a preferred tool call or reasoning, and an RL prompt with tools, under each
+    template: read (a pair's completions hold the call or the reasoning; a prompt holds the tools'
+    schemas), or refused naming the line and field."""
+    tokenizer = with_template(template)
+    method, row = OTHER_ROWS[kind]
+    refused = OTHER_REFUSED[template].get(kind)
+
+    def read() -> str:
+        if method == "dpo":
+            [pair] = tokenize_preference_rows([row], tokenizer, max_length=2048)
+            return tokenizer.decode(pair.chosen_ids)
+        [prompt] = tokenize_rl_rows([row], tokenizer, max_prompt_length=2048)
+        return prompt.text
+
+    if refused is not None:
+        with pytest.raises(DataError) as info:
+            read()
+        assert info.value.message.startswith(f"line 1: field {refused!r}: "), info.value.message
+        return
+    text = read()
+    expected = {
+        "tool pair": "get_weather",
+        "reasoning pair": "Two and two.",
+        "tool prompt": "The weather in a city",
+    }
+    assert expected[kind] in text
+
+
+FAMILY_TEMPLATE = {
+    "qwen3": "qwen3",
+    "qwen2.5": "qwen2_5",
+    "gemma3": "gemma3",
+    "phi3.5": "phi3_5",
+    "gpt-oss": "gptoss",
+}
+TOKEN_CASES = [(f, k) for f, t in FAMILY_TEMPLATE.items() for k in ROWS if k not in REFUSED[t]]
+
+
+@pytest.mark.parametrize(("family", "kind"), TOKEN_CASES, ids=[f"{f}-{k}" for f, k in TOKEN_CASES])
+def test_the_trained_tokens_are_trls_on_each_familys_own_tokenizer(family: str, kind: str) -> None:
+    """The same comparison, token by token, with each family's tokenizer and its special tokens
+    (tests/model_families.py): what trains here, as token ids, is TRL's masked run less the prompt cue's
+    tokens, or for gpt-oss's earlier turns the documented difference."""
+    from tests.model_families import family_tokenizer
+
+    tokenizer = family_tokenizer(family)
+    chat = chat_of(ROWS[kind])
+    ours = [
+        tokenizer(text, add_special_tokens=False)["input_ids"]
+        for sequence in training_sequences(tokenizer, chat)
+        for text, trained in sequence
+        if trained
+    ]
+    out: Any = tokenizer.apply_chat_template(
+        chat.messages,
+        tools=chat.tools,
+        chat_template=get_training_chat_template(tokenizer),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    theirs: list[list[int]] = []
+    previous = False
+    for token, masked in zip(out["input_ids"], out["assistant_masks"], strict=True):
+        if masked:
+            if not previous:
+                theirs.append([])
+            theirs[-1].append(token)
+        previous = bool(masked)
+    assert len(ours) == len(theirs)
+    turns = [i for i, w in enumerate(chat.weights) if w]
+    for i, mine, trl_run in zip(turns, ours, theirs, strict=True):
+        if family == "gpt-oss" and i != turns[-1] and "tool_calls" not in chat.messages[i]:
+            assert tokenizer.decode(trl_run[-1:]) == "<|end|>" and tokenizer.decode(mine[-1:]) == "<|return|>"
+            continue
+        cue = trl_run[: len(trl_run) - len(mine)]
+        assert trl_run[len(cue) :] == mine, (tokenizer.decode(mine), tokenizer.decode(trl_run))
+        assert tokenizer.decode(cue) in {"", "\n", "<|start|>assistant"}

@@ -86,14 +86,22 @@ def _loss_and_gradients(
     return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("family", ["llama", "phi3.5"])
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 @pytest.mark.parametrize("use_lora", [True, False], ids=["lora", "full"])
 def test_a_model_trains_as_with_transformers_forwards_and_recomputes_each_product(
-    tiny_model_path: Path, use_lora: bool, precision: str, counting: type[_CountingRecipe]
+    tiny_model_path: Path,
+    family_model: Callable[[str], Path],
+    family: str,
+    use_lora: bool,
+    precision: str,
+    counting: type[_CountingRecipe],
 ) -> None:
     """In fp32 and under CPU bf16 autocast (with LoRA, a bf16 frozen base), where the rebuilt tensors
-    must come out in the dtype the forward gave them."""
-    settings = model_settings(tiny_model_path, use_lora=use_lora, mixed_precision=precision)
+    must come out in the dtype the forward gave them; on Llama, and on Phi-3's MLP, whose gate and up are
+    one projection (tests/model_families.py)."""
+    path = tiny_model_path if family == "llama" else family_model(family)
+    settings = model_settings(path, use_lora=use_lora, mixed_precision=precision)
     compute = autocast_dtype(precision, torch.device("cpu"))
     model = load_model_to_train(settings, torch.device("cpu"))
     plain = copy.deepcopy(model)
