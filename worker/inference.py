@@ -34,33 +34,51 @@ def model_cache() -> ModelCache:
 
 def load_weights(settings: Settings, blobs: BlobStore, weights: ModelWeights) -> LoadedModel:
     from trainers.modeling.generation import load_causal_lm, load_with_adapter
+    from trainers.modeling.vision import is_vision_model, load_vision_for_serving
 
     def base() -> str:
         return resolve_model_path(settings, blobs, tenant_id=weights.tenant_id, name=weights.base)
 
     if weights.checkpoint_id is None or weights.blob_key is None:
-        model, tokenizer = load_causal_lm(base())
+        path, adapter = base(), None
     else:
         folder = unpack_checkpoint(
             settings, blobs, checkpoint_id=weights.checkpoint_id, blob_key=weights.blob_key
         )
-        if (folder / "adapter_config.json").exists():
-            model, tokenizer = load_with_adapter(base(), folder)
-        else:
-            model, tokenizer = load_causal_lm(folder)
+        path, adapter = (base(), folder) if (folder / "adapter_config.json").exists() else (str(folder), None)
+    if is_vision_model(path):  # a vision-language model: its processor reads the chat's images
+        model, processor = load_vision_for_serving(path, adapter)
+        return LoadedModel(model, processor.tokenizer, model_bytes(model), processor)
+    model, tokenizer = load_with_adapter(path, adapter) if adapter is not None else load_causal_lm(path)
     return LoadedModel(model, tokenizer, model_bytes(model))
 
 
-def _prompt_ids(task: InferenceTask, tokenizer: Any) -> list[int]:
+def _prompt(task: InferenceTask, loaded: LoadedModel) -> tuple[list[int], dict[str, Any]]:
+    """The prompt's token ids, and the model's other inputs for its rows (a vision model's pixels)."""
+    from trainers.chat.rows import RowProblem
     from trainers.modeling.generation import chat_prompt_ids
+    from trainers.modeling.vision import vision_prompt
 
+    tokenizer = loaded.tokenizer
     if task.kind == "text":
-        return [int(t) for t in tokenizer(task.prompt or "")["input_ids"]]
+        return [int(t) for t in tokenizer(task.prompt or "")["input_ids"]], {}
     if not getattr(tokenizer, "chat_template", None):
         raise RequestRefused(
             f"model: '{task.weights.model}' has no chat template; use /v1/completions", param="model"
         )
-    return chat_prompt_ids(tokenizer, task.messages or [])
+    messages = task.messages or []
+    if loaded.processor is not None:
+        try:
+            return vision_prompt(loaded.processor, messages, n=task.n)
+        except RowProblem as exc:
+            raise RequestRefused(str(exc), param=exc.field or "messages") from exc
+    if any(isinstance(m["content"], list) for m in messages):  # only a message with images has parts
+        raise RequestRefused(
+            f"messages: model '{task.weights.model}' takes text only; images need a vision-language "
+            "model (docs/vision.md)",
+            param="messages",
+        )
+    return chat_prompt_ids(tokenizer, messages), {}
 
 
 def _check_context(task: InferenceTask, model: Any, prompt_tokens: int) -> None:
@@ -78,7 +96,7 @@ def _check_context(task: InferenceTask, model: Any, prompt_tokens: int) -> None:
 def generate(task: InferenceTask, loaded: LoadedModel, replies: ReplyWriter) -> None:
     from trainers.modeling.generation import Generation
 
-    prompt = _prompt_ids(task, loaded.tokenizer)
+    prompt, prompt_inputs = _prompt(task, loaded)
     _check_context(task, loaded.model, len(prompt))
     replies.send({"type": "start", "prompt_tokens": len(prompt)})
     generation = Generation(loaded.tokenizer, n=task.n, stop=task.stop)
@@ -91,6 +109,7 @@ def generate(task: InferenceTask, loaded: LoadedModel, replies: ReplyWriter) -> 
         temperature=task.temperature,
         top_p=task.top_p,
         seed=seed,
+        prompt_inputs=prompt_inputs,
     )
     for updates in steps:
         replies.send({"type": "delta", "choices": [list(u) for u in updates]})

@@ -19,6 +19,7 @@ from service.config import Settings
 from service.dependencies import SessionDep, SettingsDep
 from service.errors import AppError, error_responses
 from service.ids import new_id, now
+from service.inference.images import check_images
 from service.inference.responses import Shape, usage
 from service.inference.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from service.inference.service import Answer, build_task, resolve_weights, start_inference
@@ -30,8 +31,10 @@ router = APIRouter(prefix="/v1", tags=["inference"], responses=error_responses(4
 async def chat_completions(
     body: ChatCompletionRequest, session: SessionDep, tenant: TenantDep, settings: SettingsDep
 ) -> Response:
-    """OpenAI's chat completions (plain, or `stream: true` as `chat.completion.chunk` events)."""
+    """OpenAI's chat completions (plain, or `stream: true` as `chat.completion.chunk` events); image parts
+    for a vision model (docs/vision.md), checked here."""
     weights = await _resolve(session, settings, tenant.id, body.model)
+    await run_in_threadpool(check_images, body, settings)
     return await _complete(body, weights, settings, Shape(True, new_id("chatcmpl"), now(), body.model))
 
 

@@ -29,16 +29,45 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(min_length=1)
+    detail: Literal["low", "high", "auto"] = "auto"
+
+
+class ImagePart(BaseModel):
+    """An image for a vision model (docs/vision.md): a base64 data URL, or an http(s) URL the API fetches
+    (service/inference/images.py); user and system messages only."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[TextPart | ImagePart]
     name: str | None = None
 
-    def plain(self) -> dict[str, str]:
-        """Role and text as chat templates expect them (`developer` is OpenAI's new `system`)."""
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+    @property
+    def images(self) -> list[ImagePart]:
+        return [p for p in self.content if isinstance(p, ImagePart)] if isinstance(self.content, list) else []
+
+    def plain(self) -> dict[str, Any]:
+        """Role and text as chat templates expect them (`developer` is OpenAI's new `system`); a message
+        with images keeps OpenAI's parts, which the worker reads as training reads a row's
+        (``trainers.chat.rows``)."""
+        role = "system" if self.role == "developer" else self.role
+        if self.images:
+            assert isinstance(self.content, list)
+            return {"role": role, "content": [p.model_dump() for p in self.content]}
+        text = (
+            self.content
+            if isinstance(self.content, str)
+            else "".join(p.text for p in self.content if isinstance(p, TextPart))
+        )
+        return {"role": role, "content": text}
 
 
 class StreamOptions(BaseModel):

@@ -17,7 +17,9 @@ and projector would need to stay out of the 4-bit layers, which is not tested he
 
 from __future__ import annotations
 
+import base64
 import functools
+import io
 import json
 import warnings
 from collections.abc import Callable
@@ -26,11 +28,15 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from PIL import Image
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, PreTrainedModel
 from transformers.processing_utils import ProcessorMixin
 
+from trainers.chat.images import parse_data_url
+from trainers.chat.rows import read_chat
 from trainers.core.checkpoint import MODEL_DIR
 from trainers.core.errors import DataError
+from trainers.data.chat import prompt_text
 from trainers.modalities import VISION_FAMILIES, part_of, takes_images
 from trainers.modeling.loading import ModelSettings, lora_base_dtype, restore_adapter
 
@@ -174,3 +180,47 @@ def load_vision_model(
             param.requires_grad_(part(name) in trained)
     # (transformers' typed `to` rejects a device)
     return torch.nn.Module.to(model, device)
+
+
+# -- serving (worker/inference.py) ---------------------------------------------------------------------
+
+
+def load_vision_for_serving(
+    path: str | Path, adapter_dir: str | Path | None = None
+) -> tuple[Any, ProcessorMixin]:
+    """A vision-language model to generate with (eval mode; a LoRA checkpoint's adapter merged into its
+    base) and its processor (the checkpoint's, which a job saves with it)."""
+    model: Any = AutoModelForImageTextToText.from_pretrained(path)
+    if adapter_dir is not None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    model.eval()
+    return model, load_processor(str(adapter_dir if adapter_dir is not None else path))
+
+
+def vision_prompt(
+    processor: ProcessorMixin, messages: list[dict[str, Any]], *, n: int
+) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """A chat's prompt for generating ``n`` replies from a vision model: its token ids (images expanded by
+    the processor's own call) and the model's other inputs for the ``n`` rows (pixels, per-token types).
+    The messages are read as a training row's (``trainers.chat.rows``: a ``RowProblem`` names what is
+    wrong) and rendered by the model's template with its generation prompt; images as data URLs."""
+    chat = read_chat(messages, "messages")
+    text = prompt_text(processor.tokenizer, chat)
+    images = [_decoded(ref.url) for ref in chat.images]
+    if not images:
+        ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return [int(t) for t in ids], {}
+    out = processor(text=[text] * n, images=[images] * n, return_tensors="pt", add_special_tokens=False)
+    ids = [int(t) for t in out["input_ids"][0]]
+    return ids, {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+
+
+def _decoded(url: str) -> Image.Image:
+    _, payload = parse_data_url(url)
+    with Image.open(io.BytesIO(base64.b64decode(payload))) as image:
+        image.load()
+        return image
