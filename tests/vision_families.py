@@ -31,15 +31,49 @@ from trainers.modeling.tiny_model import CORPUS_PATH
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 FAMILIES = ("gemma3", "idefics3")
-_TEXT = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 2048,
+
+# the models' sizes: "tiny" for the tests; "bench" (bench/vision.py) wider, deeper and at a real image
+# resolution (224 pixels in patches of 14)
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "head_dim": 16},
+        "vision": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+        },
+        "image_size": 28,
+        "patch_size": 7,
+    },
+    "bench": {
+        "text": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "head_dim": 64},
+        "vision": {
+            "hidden_size": 192,
+            "intermediate_size": 768,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+        },
+        "image_size": 224,
+        "patch_size": 14,
+    },
 }
-_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+
+
+def _text(size: str) -> dict[str, Any]:
+    dims = dict(SIZES[size]["text"])
+    head_dim = dims.pop("head_dim")
+    return {**dims, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096} | (
+        {"head_dim": head_dim} if head_dim * 4 != dims["hidden_size"] else {}
+    )
+
+
+def _vision(size: str) -> dict[str, Any]:
+    return {
+        **SIZES[size]["vision"],
+        "image_size": SIZES[size]["image_size"],
+        "patch_size": SIZES[size]["patch_size"],
+    }
 
 
 def _tokenizer(special: list[str], **kwargs: Any) -> PreTrainedTokenizerFast:
@@ -60,7 +94,7 @@ def _template(family: str) -> str:
     return (TEMPLATES / VISION_FAMILIES[family].template).read_text(encoding="utf-8")
 
 
-def _gemma3(out: Path) -> None:
+def _gemma3(out: Path, size: str) -> None:
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -73,17 +107,26 @@ def _gemma3(out: Path) -> None:
         pad_token="<pad>",
         extra_special_tokens={"boi_token": image[0], "eoi_token": image[1], "image_token": image[2]},
     )
-    # 28x28 pixels in patches of 7: 16 patches, pooled to 4 tokens an image (mm_tokens_per_image)
+    # tiny: 28x28 pixels in patches of 7, 16 patches pooled to 4 tokens an image (mm_tokens_per_image);
+    # bench: 224 in patches of 14, 256 patches pooled to 64 tokens
+    side = SIZES[size]["image_size"]
+    tokens = (side // SIZES[size]["patch_size"]) ** 2 // 4
     processor = Gemma3Processor(
-        image_processor=Gemma3ImageProcessorPil(size={"height": 28, "width": 28}),
+        image_processor=Gemma3ImageProcessorPil(size={"height": side, "width": side}),
         tokenizer=tok,
         chat_template=_template("gemma3"),
-        image_seq_length=4,
+        image_seq_length=tokens,
     )
+    text = _text(size)
     config = Gemma3Config(
-        text_config={**_TEXT, "vocab_size": len(tok), "head_dim": 16, "sliding_window": 64},
-        vision_config={**_VISION, "image_size": 28, "patch_size": 7, "vision_use_head": False},
-        mm_tokens_per_image=4,
+        text_config={
+            **text,
+            "vocab_size": len(tok),
+            "head_dim": text.get("head_dim", 16),
+            "sliding_window": 64,
+        },
+        vision_config={**_vision(size), "vision_use_head": False},
+        mm_tokens_per_image=tokens,
         boi_token_index=tok.convert_tokens_to_ids(image[0]),
         eoi_token_index=tok.convert_tokens_to_ids(image[1]),
         image_token_index=tok.convert_tokens_to_ids(image[2]),
@@ -95,7 +138,7 @@ def _gemma3(out: Path) -> None:
     _save(out, Gemma3ForConditionalGeneration, config, processor, randomize=("mm_input_projection_weight",))
 
 
-def _idefics3(out: Path) -> None:
+def _idefics3(out: Path, size: str) -> None:
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
@@ -108,24 +151,23 @@ def _idefics3(out: Path) -> None:
         eos_token="<end_of_utterance>",
         pad_token="<|endoftext|>",
     )
-    # images resized to a longest edge of 56 and split into 28x28 tiles plus the whole image at 28x28;
-    # each tile 16 patches of 7, 4 tokens after the connector's pixel shuffle (scale_factor 2)
+    # tiny: images resized to a longest edge of 56 and split into 28x28 tiles plus the whole image at
+    # 28x28, each tile 16 patches of 7, 4 tokens after the connector's pixel shuffle (scale_factor 2);
+    # bench: tiles of 224, 256 patches of 14, 64 tokens each
+    side = SIZES[size]["image_size"]
+    tokens = (side // SIZES[size]["patch_size"]) ** 2 // 4
     processor = Idefics3Processor(
         image_processor=Idefics3ImageProcessorPil(
-            size={"longest_edge": 56}, max_image_size={"longest_edge": 28}, do_image_splitting=True
+            size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side}, do_image_splitting=True
         ),
         tokenizer=tok,
         chat_template=_template("idefics3"),
-        image_seq_len=4,
+        image_seq_len=tokens,
     )
+    text = {**_text(size), "model_type": "llama", "vocab_size": len(tok), "pad_token_id": tok.pad_token_id}
     config = Idefics3Config(
-        text_config={
-            **_TEXT,
-            "model_type": "llama",
-            "vocab_size": len(tok),
-            "pad_token_id": tok.pad_token_id,
-        },
-        vision_config={**_VISION, "image_size": 28, "patch_size": 7},
+        text_config=text,
+        vision_config=_vision(size),
         scale_factor=2,
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         pad_token_id=tok.pad_token_id,
@@ -162,12 +204,13 @@ def _save(
 _BUILDERS = {"gemma3": _gemma3, "idefics3": _idefics3}
 
 
-def build(family: str, out_dir: str | Path) -> Path:
-    """Write the tiny ``family`` model and its processor to ``out_dir`` (once); return the folder."""
+def build(family: str, out_dir: str | Path, *, size: str = "tiny") -> Path:
+    """Write the ``family`` model of ``size`` (``SIZES``) and its processor to ``out_dir`` (once); return
+    the folder."""
     out = Path(out_dir)
     if not (out / "config.json").exists():
         out.mkdir(parents=True, exist_ok=True)
-        _BUILDERS[family](out)
+        _BUILDERS[family](out, size)
     return out
 
 

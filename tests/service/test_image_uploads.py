@@ -303,3 +303,38 @@ def test_a_job_refuses_images_on_a_text_model_a_method_without_them_or_packed(
     assert tower["param"] == "method.supervised.hyperparameters.train_vision_tower"
     created = _job(client, VISION_MODELS["gemma3"], file_id)
     assert created.status_code == 200 and created.json()["status"] == "queued", created.text
+
+
+def test_a_job_trains_on_the_images_its_file_fetched(
+    fetching: tuple[httpx.Client, str], images_site: str, vision_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """What a job's worker does with a file of http(s) images (worker/file_images.py, then the trainer):
+    the images kept at upload, copied beside the job with their index, read by the rows' URLs; without
+    them a URL is refused naming its field (nothing is fetched by a trainer)."""
+    from service.files.service import new_blob_key
+    from service.storage import get_blob_store
+    from trainers.core.errors import DataError
+    from trainers.data.jsonl_rows import JsonlRows
+    from trainers.methods.sft import SFTConfig, train_sft
+    from worker.file_images import fetched_images
+
+    client, key = fetching
+    rows = [image_row(f"{images_site}/red.png", "Red."), image_row(f"{images_site}/photo", "Blue.")]
+    file = upload(client, jsonl(rows)).json()
+    blob_key = new_blob_key(tenant_of(key), file["id"])
+    local = tmp_path / "train.jsonl"
+    with local.open("wb") as fh:
+        get_blob_store().copy_to(blob_key, fh)
+    images_dir = fetched_images(get_blob_store(), [blob_key], workdir=tmp_path)
+    assert images_dir is not None and len(list(images_dir.iterdir())) == 3  # two images and the index
+    config = SFTConfig(
+        str(vision_models["gemma3"]),
+        str(tmp_path / "out"),
+        batch_size=2,
+        max_steps=1,
+        images_dir=str(images_dir),
+    )
+    assert train_sft(config, JsonlRows(local, param="training_file")).steps == 1
+    config.images_dir = None
+    with pytest.raises(DataError, match=r"line 1: field 'messages\[1\].content\[1\].image_url.url': an http"):
+        train_sft(config, JsonlRows(local, param="training_file"))

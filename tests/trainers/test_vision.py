@@ -192,9 +192,9 @@ def test_a_lora_job_trains_the_language_model_and_its_export_loads_and_reads_ima
 
 
 def test_full_fine_tuning_freezes_the_tower_and_trains_the_projector_when_asked(
-    vision_models: dict[str, Path], tmp_path: Path
+    family: tuple[str, Path], tmp_path: Path
 ) -> None:
-    name, path = "idefics3", vision_models["idefics3"]
+    name, path = family
     config = _config(path, tmp_path, use_lora=False, train_projector=True, max_steps=2, learning_rate=1e-3)
     result = train_sft(config, _rows())
     assert result.final_checkpoint is not None
@@ -203,7 +203,7 @@ def test_full_fine_tuning_freezes_the_tower_and_trains_the_projector_when_asked(
     assert moved == {"language_model", "projector"}
 
 
-def test_dpo_trains_on_pairs_whose_prompt_has_images(vision_models: dict[str, Path], tmp_path: Path) -> None:
+def test_dpo_trains_on_pairs_whose_prompt_has_images(family: tuple[str, Path], tmp_path: Path) -> None:
     def pair(color: tuple[int, int, int], good: str, bad: str) -> dict[str, Any]:
         question = [image_part(data_url(image_bytes((30, 30), color))), {"type": "text", "text": "Colour?"}]
         return {
@@ -214,7 +214,7 @@ def test_dpo_trains_on_pairs_whose_prompt_has_images(vision_models: dict[str, Pa
 
     rows = [pair(RED, "Red.", "Blue."), pair(BLUE, "Blue.", "Red.")]
     config = DPOConfig(
-        model_path=str(vision_models["gemma3"]),
+        model_path=str(family[1]),
         output_dir=str(tmp_path),
         batch_size=2,
         max_steps=3,

@@ -293,8 +293,9 @@ def _function(raw: object, path: str) -> dict[str, Any]:
 # -- messages ------------------------------------------------------------------------------------------
 
 
-def text_content(value: object, path: str, *, non_empty: bool = True) -> str:
-    """A message's content as one string: a string, or the text parts of a list joined."""
+def text_content(value: object, path: str, *, non_empty: bool = True, images_allowed: bool = False) -> str:
+    """A message's content as one string: a string, or the text parts of a list joined
+    (``images_allowed``: a user or system message's, whose refusal names image parts too)."""
     if isinstance(value, str):
         return _string(value, path, non_empty=non_empty)
     if not isinstance(value, list):
@@ -308,7 +309,8 @@ def text_content(value: object, path: str, *, non_empty: bool = True) -> str:
         if kind == IMAGE_PART_TYPE:
             _fail(f"{path}[{i}]", "images are allowed in user and system messages only (OpenAI's rule)")
         if kind != "text":
-            _fail(f"{path}[{i}].type", f"unsupported content part type {short(kind)} (expected 'text')")
+            expected = f"'text' or '{IMAGE_PART_TYPE}'" if images_allowed else "'text'"
+            _fail(f"{path}[{i}].type", f"unsupported content part type {short(kind)} (expected {expected})")
         texts.append(_string(_present(part, "text", f"{path}[{i}].text"), f"{path}[{i}].text"))
     return "".join(texts)
 
@@ -337,7 +339,7 @@ def _content_with_images(value: object, path: str, images: list[ImageRef]) -> st
     if not isinstance(value, list) or not any(
         isinstance(p, dict) and p.get("type") == IMAGE_PART_TYPE for p in value
     ):
-        return text_content(value, path)
+        return text_content(value, path, images_allowed=True)
     parts: list[dict[str, str]] = []
     for i, raw in enumerate(value):
         part = _object(raw, f"{path}[{i}]")
