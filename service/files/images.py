@@ -34,7 +34,7 @@ import json
 import secrets
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import IO, Any, NoReturn
 
@@ -389,13 +389,13 @@ def stored_image_keys(blobs: BlobStore, blob_key: str) -> list[str]:
     return sorted(keys)
 
 
-def read_manifest(blobs: BlobStore, blob_key: str) -> Iterator[dict[str, Any]]:
+def read_manifest(blobs: BlobStore, blob_key: str) -> Generator[dict[str, Any], None, None]:
     """The entries of a file's image manifest, in order (none for a file without images)."""
     try:
         stream = blobs.open(manifest_key(blob_key))
     except FileNotFoundError:
         return
-    with stream:
-        for raw in io.TextIOWrapper(stream, encoding="utf-8"):
+    with io.TextIOWrapper(stream, encoding="utf-8") as text:  # (closing it closes the stream)
+        for raw in text:
             if raw.strip():
                 yield json.loads(raw)

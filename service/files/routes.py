@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any
 
 import anyio
@@ -144,11 +145,12 @@ def file_images(
     start = int(after) + 1 if after is not None else 0
     page: list[dict[str, object]] = []
     has_more = False
-    for entry in read_manifest(get_blob_store(), row.blob_key) if row.images else ():
-        if entry["index"] < start:
-            continue
-        if len(page) == limit:
-            has_more = True
-            break
-        page.append(FileImage.of(entry).model_dump())
+    with closing(read_manifest(get_blob_store(), row.blob_key)) as entries:  # closed when a page is full
+        for entry in entries if row.images else ():
+            if entry["index"] < start:
+                continue
+            if len(page) == limit:
+                has_more = True
+                break
+            page.append(FileImage.of(entry).model_dump())
     return list_body(page, has_more)

@@ -156,8 +156,15 @@ def test_rows_tokenize_as_the_processor_makes_them_and_the_loss_is_a_plain_forwa
     assert torch.allclose(ours, theirs, atol=1e-5), (ours, theirs)
 
 
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
+def _files(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a folder's safetensors files, by their names there (an adapter's)."""
     return {k: v for f in folder.glob("*.safetensors") for k, v in load_file(f).items()}
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    """A model folder's weights under the loaded model's names (transformers saves some families under
+    other names: Gemma 3's ``multi_modal_projector...`` is the model's ``model.multi_modal_projector...``)."""
+    return dict(AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).state_dict())
 
 
 def test_a_lora_job_trains_the_language_model_and_its_export_loads_and_reads_images(
@@ -170,7 +177,7 @@ def test_a_lora_job_trains_the_language_model_and_its_export_loads_and_reads_ima
     assert result.final_checkpoint is not None and result.steps == 4
 
     # the adapter of step 2 adapts the language model's layers only
-    adapter = _weights(tmp_path / "checkpoint-000002" / "model")
+    adapter = _files(tmp_path / "checkpoint-000002" / "model")
     parts = {part_of(VISION_FAMILIES[name], k.removeprefix("base_model.model.")) for k in adapter}
     assert parts == {"language_model"} and all("lora_" in k for k in adapter)
 
