@@ -84,3 +84,12 @@ def test_a_line_that_ends_inside_a_data_url_stays_unterminated() -> None:
     with pytest.raises(json.JSONDecodeError):
         json.loads(first)
     assert json.loads(second) == {"text": "next"} and sinks[0].data == b"AAAA"
+
+
+def test_a_quote_inside_a_key_is_not_a_url_key() -> None:
+    """``"a\\"url": "data:..."``: the bytes ``"url":`` after an escaped quote belong to another key, whose
+    value stays in its line as it is."""
+    raw = b'{"a\\"url": "data:image/png;base64,AAAA", "b\\\\": {"url": "data:image/png;base64,BBBB"}}\n'
+    out, sinks = _split(raw, [])
+    assert json.loads(out) == {"a\"url": "data:image/png;base64,AAAA", "b\\": {"url": "IMAGE0"}}
+    assert [s.data for s in sinks] == [b"BBBB"]  # after an escaped backslash, a real quote: a real key
