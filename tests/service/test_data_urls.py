@@ -91,5 +91,5 @@ def test_a_quote_inside_a_key_is_not_a_url_key() -> None:
     value stays in its line as it is."""
     raw = b'{"a\\"url": "data:image/png;base64,AAAA", "b\\\\": {"url": "data:image/png;base64,BBBB"}}\n'
     out, sinks = _split(raw, [])
-    assert json.loads(out) == {"a\"url": "data:image/png;base64,AAAA", "b\\": {"url": "IMAGE0"}}
+    assert json.loads(out) == {'a"url': "data:image/png;base64,AAAA", "b\\": {"url": "IMAGE0"}}
     assert [s.data for s in sinks] == [b"BBBB"]  # after an escaped backslash, a real quote: a real key
