@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
+from tests.trainers.helpers import Recorder
 from tests.vision_families import FAMILIES, data_url, image_bytes, image_part, image_row
 from trainers.core.errors import DataError
 from trainers.data.collate import pad_batch_with_inputs
@@ -26,7 +27,7 @@ from trainers.losses.causal_lm import IGNORE_INDEX
 from trainers.methods.dpo import DPOConfig, train_dpo
 from trainers.methods.sft import SFTConfig, sft_loss, train_sft
 from trainers.modalities import VISION_FAMILIES, part_of
-from trainers.modeling.vision import load_processor
+from trainers.modeling.vision import load_processor, load_vision_for_serving
 
 RED, BLUE = (220, 20, 20), (20, 20, 220)
 
@@ -190,6 +191,10 @@ def test_a_lora_job_trains_the_language_model_and_its_export_loads_and_reads_ima
     moved = {part_of(family_, k) for k in base if not torch.equal(base[k], after[k])}
     assert moved == {"language_model"}
 
+    # the adapter checkpoint serves too: on its base, merged (worker/inference.py's path)
+    adapted, adapter_processor = load_vision_for_serving(path, tmp_path / "checkpoint-000002" / "model")
+    assert type(adapted) is model_class and adapter_processor.chat_template
+
     processor = AutoProcessor.from_pretrained(export)
     messages, images = _hf_messages(rows[0])
     prompt = processor.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
@@ -257,3 +262,21 @@ def test_truncation_never_splits_an_image_and_leaves_later_ones_out(vision_model
     assert cut.n_trainable > 0  # the first answer still trains
     with pytest.raises(DataError, match="every example was truncated away"):
         tokenize_sft_rows(rows, processor.tokenizer, max_length=(first[0] + first[1]) // 2, vision=vision)
+
+
+def test_a_vision_run_resumed_repeats_the_uninterrupted_run(
+    vision_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Its images come back from the rows on resume: the steps after the checkpoint are the same."""
+    path = vision_models["gemma3"]
+    rows = _rows() * 2
+    full = Recorder()
+    run = {"n_epochs": 2, "max_steps": 4, "learning_rate": 5e-3, "save_steps": 2}
+    train_sft(_config(path, tmp_path / "a", **run), rows, callbacks=full)
+    resumed = Recorder()
+    mid = str(tmp_path / "a" / "checkpoint-000002")
+    train_sft(_config(path, tmp_path / "b", **run, resume_from=mid), rows, callbacks=resumed)
+    assert [int(r["step"]) for r in resumed.steps] == [3, 4]
+    for ours, theirs in zip(resumed.steps, full.steps[2:], strict=True):
+        for key in ("loss", "grad_norm", "trained_tokens", "mean_token_accuracy"):
+            assert ours[key] == pytest.approx(theirs[key], abs=1e-6), key
