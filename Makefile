@@ -1,6 +1,9 @@
 # One target per chore. `make run` and `make test` work on a fresh machine: they create .venv first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# `make run` installs the runtime alone (.[local]: the service, the trainers, a redis-server for the Tinker
+# API); `make test` and `make lint` add the dev tools (.[dev]) on top
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 # tinker-cookbook, pinned: tests/tinker/test_cookbook.py runs its loops against the Tinker API; installed
 # without its dependencies (the dev extra lists those it imports; pyproject.toml says why)
@@ -8,17 +11,23 @@ TINKER_COOKBOOK := tinker-cookbook==0.6.1
 
 .PHONY: setup run test lint format docs bench bench-gpu clean
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
+	@echo "installing the runtime into $(VENV) (torch's CPU wheel, transformers, the service): a few minutes the first time"
 	python3 -m venv $(VENV)
 	# torch first and pinned: on a CPU machine this takes the local CPU wheel instead of GBs of CUDA packages
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install --progress-bar on torch==2.13.0
+	$(PY) -m pip install --progress-bar on -e ".[local]"
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
+	@echo "installing the dev tools (tests, lint, benchmarks) into $(VENV)"
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps $(TINKER_COOKBOOK)
 	touch $(STAMP)
 
 setup: $(STAMP)
 
-run: setup
+run: $(RUN_STAMP)
 	$(VENV)/bin/tunehouse up $(ARGS)
 
 # the suite in parallel processes (pytest-xdist; tests/conftest.py gives each its own database, Redis

@@ -15,7 +15,9 @@ from service.db_slots import size_threadpool
 from service.dependencies import reject_unsafe_url
 from service.errors import install_error_handlers
 from service.files.routes import router as files_router
+from service.files.upload import max_body_bytes as max_upload_body_bytes
 from service.graders.routes import router as graders_router
+from service.graders.service import require_python_grader_sandbox
 from service.inference.routes import router as inference_router
 from service.jobs.methods_api import router as methods_router
 from service.jobs.routes import router as jobs_router
@@ -27,6 +29,7 @@ from service.ops import router as ops_router
 from service.shutdown import install_drain_on_signals
 from service.tinker.routes import router as tinker_router
 from service.webhooks.routes import router as webhooks_router
+from service.workers_api.routes import router as workers_router
 
 
 def _freeze_startup_heap() -> None:
@@ -41,6 +44,7 @@ def _freeze_startup_heap() -> None:
 
 @asynccontextmanager
 async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    require_python_grader_sandbox(get_settings())  # enabled python graders: refuse to start unsandboxed
     install_drain_on_signals()  # here, not at import: the server has installed its handlers by now
     size_threadpool()
     _freeze_startup_heap()
@@ -67,6 +71,7 @@ def create_app() -> FastAPI:
     app.include_router(webhooks_router)
     app.include_router(graders_router)
     app.include_router(tinker_router)
+    app.include_router(workers_router)
     mount_dashboard(app)
     app.include_router(ops_router)
     install_openapi(app)
@@ -74,7 +79,8 @@ def create_app() -> FastAPI:
     app.add_middleware(
         BodyGuard,
         max_body_bytes=settings.max_json_body_bytes,
-        streamed=[("POST", files_router.prefix)],  # the upload streams and bounds itself
+        # the upload streams and bounds itself: as a whole, its file's limit and the multipart framing
+        streamed={("POST", files_router.prefix): max_upload_body_bytes(settings.max_upload_bytes)},
     )
     app.add_middleware(RequestContext)
     return app

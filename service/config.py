@@ -97,9 +97,18 @@ class Settings(BaseSettings):
     # operator's model registry: {"name": "/local/path", ...}; the tiny demo model is always listed
     model_registry: dict[str, str] = Field(default_factory=dict)
     allow_hub_models: bool = False
+    # each host's disk cache of the catalogue's base models (`tunehouse models add`; worker/
+    # base_model_cache.py), under data_dir/models/base: the least recently used model not in use by any
+    # process goes once a fetch takes the cache past this many GB
+    model_cache_gb: float = Field(default=100.0, gt=0)
 
-    # RL graders: tenant Python code runs only when the operator enables it, in a separate process
+    # RL graders: tenant Python code runs only when the operator enables it, in bubblewrap's sandbox
+    # (trainers/rewards/sandbox.py: no network, no other processes, no data or installation dir, uid
+    # 65534). Enabled on a host that cannot build the sandbox (no bwrap, namespaces refused), the API and
+    # the workers refuse to start and say why; python_grader_unsafe_no_sandbox runs tenant code without
+    # it, as the service's own uid with its view of the machine (docs/operations.md warns)
     allow_python_grader: bool = False
+    python_grader_unsafe_no_sandbox: bool = False
     python_grader_timeout_seconds: float = 30.0
     python_grader_memory_mb: int = 1024
     # The same two limits bound a grader run of the graders API (POST .../graders/run), which grades
@@ -238,6 +247,10 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def base_models_dir(self) -> Path:
+        return self.models_dir / "base"
 
     def celery_transport_options(self) -> dict[str, Any]:
         if self.is_embedded_broker:

@@ -211,6 +211,19 @@ def _allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+def _suggestion(param: str, value: object) -> str:
+    """ " (did you mean 'x'?)" for a mistyped hyperparameter (an unknown key) or method type (a value)."""
+    from service.suggest import did_you_mean
+    from trainers.registry import METHODS
+
+    parts = param.split(".")
+    if len(parts) == 4 and parts[0] == "method" and parts[2] == "hyperparameters" and parts[1] in METHODS:
+        return did_you_mean(parts[3], [p.name for p in METHODS[parts[1]].hyperparameters])
+    if param == "method.type" and isinstance(value, str):
+        return did_you_mean(value, METHODS)
+    return ""
+
+
 def install_error_handlers(app: FastAPI) -> None:
     from fastapi.exceptions import RequestValidationError
 
@@ -231,9 +244,10 @@ def install_error_handlers(app: FastAPI) -> None:
         param = str(loc[1]) if loc[:1] == ("header",) and len(loc) > 1 else _loc_to_param(loc)
         message = str(first.get("msg", "invalid request"))
         if first.get("type") == "extra_forbidden":
-            message = f"unknown parameter '{param}'"
+            message = f"unknown parameter '{param}'{_suggestion(param, None)}"
         elif param:
-            message = f"{param}: {'a key: ' if is_key else ''}{message}"
+            hint = _suggestion(param, first.get("input"))
+            message = f"{param}: {'a key: ' if is_key else ''}{message}{hint}"
         return BadRequest(message, param=param or None, code="invalid_value").response()
 
     @app.exception_handler(StarletteHTTPException)

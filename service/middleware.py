@@ -6,7 +6,8 @@ RequestContext (outermost): a request id for every request, returned as `x-reque
   and uvicorn then drops a keep-alive connection without `Connection: close`).
 BodyGuard: request bodies are bounded (413) and JSON bodies are checked once for values no column can
   hold (service.input_guard), before FastAPI parses them; only the streamed upload is exempt, and
-  bounds itself (service/files/upload.py).
+  bounds itself while streaming (service/files/upload.py). A Content-Length over a route's bound, the
+  upload's included, is answered 413 from the headers, before any of the body is read.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Mapping
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
@@ -86,22 +87,28 @@ def _parsed_as_json(content_type: str) -> bool:
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, streamed: Collection[tuple[str, str]]) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, streamed: Mapping[tuple[str, str], int]) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.streamed = frozenset(streamed)  # (method, path) of the routes that bound their own bodies
+        # (method, path) of the routes that stream and bound their own bodies: the most each may be
+        self.streamed = dict(streamed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (scope["method"], scope["path"]) in self.streamed:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
         length = headers.get("content-length")
+        streamed = self.streamed.get((scope["method"], scope["path"]))
+        limit = self.max_body_bytes if streamed is None else streamed
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._too_large(limit, announced=int(length)).response()(scope, receive, send)
+            return
+        if streamed is not None:
+            await self.app(scope, receive, send)
+            return
         if length is None and "chunked" not in headers.get("transfer-encoding", "").lower():
             await self.app(scope, receive, send)  # no body
-            return
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            await self._too_large().response()(scope, receive, send)
             return
 
         body = bytearray()
@@ -113,7 +120,7 @@ class BodyGuard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_body_bytes:
-                await self._too_large().response()(scope, receive, send)
+                await self._too_large(self.max_body_bytes).response()(scope, receive, send)
                 return
 
         if body and _parsed_as_json(headers.get("content-type", "")):
@@ -133,10 +140,11 @@ class BodyGuard:
 
         await self.app(scope, replay, send)
 
-    def _too_large(self) -> PayloadTooLarge:
+    @staticmethod
+    def _too_large(limit: int, *, announced: int | None = None) -> PayloadTooLarge:
+        size = "" if announced is None else f" ({announced} bytes by its Content-Length)"
         return PayloadTooLarge(
-            f"request body is larger than the limit of {self.max_body_bytes} bytes",
-            code="request_too_large",
+            f"request body{size} is larger than the limit of {limit} bytes", code="request_too_large"
         )
 
 

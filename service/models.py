@@ -136,6 +136,30 @@ class Worker(Base):
     device: Mapped[str] = mapped_column(String(20), server_default="cpu")
     device_name: Mapped[str | None] = mapped_column(String(200), nullable=True)
     device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # its devices' live figures at its last pass: {"gpus": [{index, name, utilization, memory_used_bytes,
+    # memory_total_bytes}], "rss_bytes", "sampled_at"} (worker/devices.py)
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class CatalogModel(Base):
+    """A base model of the operator's catalogue (`tunehouse models add`, service/base_models/adding.py):
+    its files are stored once in the blob store under `blob_prefix`, each with its sha256, and fetched by
+    workers on first use (worker/base_model_cache.py)."""
+
+    __tablename__ = "base_models"
+    # the name jobs, Tinker clients and /v1/chat/completions use (a hub id, or the operator's name)
+    id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    # where it came from: a hub id or a local path, as given
+    source: Mapped[str] = mapped_column(String(1000))
+    # the hub's commit sha, or for a local folder the sha256 of its files' manifest: pinned
+    revision: Mapped[str] = mapped_column(String(64))
+    blob_prefix: Mapped[str] = mapped_column(String(500))
+    # [{"path", "bytes", "sha256"}, ...]
+    files: Mapped[list[Any]] = mapped_column(JSON)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    # architecture, parameters, context length, chat template, modalities, what it can train
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger, default=now)
 
 
 class JobEvent(Base):

@@ -11,8 +11,10 @@ valid; the null branch is dropped, leaving the parameter optional. And no parame
 its own now says; nor may any string of a JSON request body (service.middleware, service.input_guard:
 a `stop` sequence, a metadata value, ...), which every string of a request body's schemas says too.
 
-The graders' size caps are settings (service/graders/limits.py): the document states the values this
-server runs with (maxLength of a sample and of a template, maxProperties of a multi's graders).
+The graders' size caps and a generation's token limit are settings (service/graders/limits.py,
+service/inference/service.py): the document states the values this server runs with (maxLength of a
+sample and of a template, maxProperties of a multi's graders, the maximum of `max_tokens`), and offers
+the `python` grader only where the operator enabled it (TUNEHOUSE_ALLOW_PYTHON_GRADER).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ def install_openapi(app: FastAPI) -> None:
         for body_schema in _request_body_schemas(schema):
             _strings_without_nul(body_schema)
         _grader_limits(schemas)
+        _token_limits(schemas)
+        if not get_settings().allow_python_grader:
+            _without_python_graders(schema)
         app.openapi_schema = schema
         return schema
 
@@ -123,3 +128,30 @@ def _grader_limits(schemas: dict[str, Any]) -> None:
         )
     if "graders" in schemas.get("MultiGrader", {}).get("properties", {}):
         schemas["MultiGrader"]["properties"]["graders"]["maxProperties"] = settings.grader_max_sub_graders
+
+
+def _token_limits(schemas: dict[str, Any]) -> None:
+    """A generation's token limit (service/inference/service.py refuses more): this server's value."""
+    most = get_settings().inference_max_tokens
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        for field in ("max_tokens", "max_completion_tokens"):
+            for branch in schemas.get(name, {}).get("properties", {}).get(field, {}).get("anyOf", []):
+                if branch.get("type") == "integer":
+                    branch["maximum"] = most
+
+
+def _without_python_graders(node: Any) -> None:
+    """Drop the `python` branch of every grader union (and its discriminator mapping): this server
+    refuses python graders (400 `python_grader_disabled`)."""
+    python = "#/components/schemas/PythonGrader"
+    if isinstance(node, dict):
+        if isinstance(node.get("oneOf"), list):
+            node["oneOf"] = [branch for branch in node["oneOf"] if branch.get("$ref") != python]
+        node.get("discriminator", {}).get("mapping", {}).pop("python", None)
+        for value in node.values():
+            _without_python_graders(value)
+    elif isinstance(node, list):
+        for value in node:
+            _without_python_graders(value)
+    if isinstance(node, dict) and isinstance(node.get("components"), dict):
+        node["components"].get("schemas", {}).pop("PythonGrader", None)

@@ -6,7 +6,8 @@ none behind a tenant's API key).
   restart a healthy API because its database is briefly away or busy.
 - `/readyz` answers 503 (with Retry-After) while the database is unreachable, so a load balancer stops
   routing to this instance until it is back.
-- `/metrics` shows every tenant's job counts, so it is served only when `TUNEHOUSE_METRICS_TOKEN` is
+- `/metrics` shows every tenant's job counts and each live worker's devices (GPU utilisation and memory,
+  RSS), so it is served only when `TUNEHOUSE_METRICS_TOKEN` is
   set, and only to requests carrying it as `Authorization: Bearer <token>` (Prometheus:
   `authorization: {credentials: <token>}` in the scrape config).
 """
@@ -14,11 +15,12 @@ none behind a tenant's API key).
 from __future__ import annotations
 
 import hmac
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Header
 from fastapi.responses import PlainTextResponse, Response
-from sqlalchemy import text
+from sqlalchemy import select, text
 from starlette.concurrency import run_in_threadpool
 
 from service.db import get_engine, get_sessionmaker
@@ -27,6 +29,7 @@ from service.dependencies import SettingsDep
 from service.errors import RETRY_AFTER_SECONDS, NotFound, Unauthorized
 from service.jobs import repository
 from service.jobs.schemas import JOB_STATUSES
+from service.models import Worker
 
 router = APIRouter(include_in_schema=False)
 
@@ -66,9 +69,37 @@ def _check_operator(token: str, authorization: str | None) -> None:
         raise Unauthorized("/metrics needs 'Authorization: Bearer <TUNEHOUSE_METRICS_TOKEN>'")
 
 
-def _job_counts() -> dict[str, int]:
+def _job_counts_and_workers(lease_timeout: float) -> tuple[dict[str, int], list[Worker]]:
     with get_sessionmaker()() as session:
-        return repository.count_by_status(session)
+        cutoff = time.time() - lease_timeout
+        workers = list(session.scalars(select(Worker).where(Worker.seen_at >= cutoff).order_by(Worker.id)))
+        return repository.count_by_status(session), workers
+
+
+def _worker_lines(workers: list[Worker]) -> list[str]:
+    """Each live worker's devices as gauges (worker/devices.py samples them at every reconciler pass)."""
+    lines = [
+        "# HELP tunehouse_worker_rss_bytes Resident memory of a worker and its trainers.",
+        "# TYPE tunehouse_worker_rss_bytes gauge",
+        "# HELP tunehouse_worker_gpu_utilization_percent A worker's GPU utilisation (NVML).",
+        "# TYPE tunehouse_worker_gpu_utilization_percent gauge",
+        "# HELP tunehouse_worker_gpu_memory_used_bytes Memory in use on a worker's GPU (NVML).",
+        "# TYPE tunehouse_worker_gpu_memory_used_bytes gauge",
+    ]
+    for w in workers:
+        stats = w.stats or {}
+        who = f'worker="{_label(w.id)}",device="{w.device}"'
+        if stats.get("rss_bytes") is not None:
+            lines.append(f"tunehouse_worker_rss_bytes{{{who}}} {stats['rss_bytes']}")
+        for gpu in stats.get("gpus") or []:
+            one = f'{who},gpu="{gpu["index"]}"'
+            lines.append(f"tunehouse_worker_gpu_utilization_percent{{{one}}} {gpu['utilization']}")
+            lines.append(f"tunehouse_worker_gpu_memory_used_bytes{{{one}}} {gpu['memory_used_bytes']}")
+    return lines
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 @router.get("/metrics")
@@ -77,8 +108,9 @@ async def prometheus(
 ) -> Response:
     _check_operator(settings.metrics_token, authorization)
     async with db_slot():
-        counts = await run_in_threadpool(_job_counts)
+        counts, workers = await run_in_threadpool(_job_counts_and_workers, settings.lease_timeout_seconds)
     lines = ["# HELP tunehouse_jobs Fine-tuning jobs by status.", "# TYPE tunehouse_jobs gauge"]
     for status in JOB_STATUSES:
         lines.append(f'tunehouse_jobs{{status="{status}"}} {counts.get(status, 0)}')
+    lines += _worker_lines(workers)
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

@@ -101,14 +101,46 @@ def test_gpu_override_reserves_gpus_for_workers_only() -> None:
         assert "deploy" not in _compose()["services"][name]  # the default file runs on CPU hosts
 
 
-def test_dockerfile_copies_what_exists_and_installs_the_server() -> None:
+def test_dockerfile_copies_what_exists_and_installs_every_runtime_extra() -> None:
     lines = (ROOT / "Dockerfile").read_text().splitlines()
     for line in lines:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), line
-    install = next(line for line in lines if "pip install" in line)
-    assert "server" in install  # boto3 (S3) and the API/worker dependencies
+    install = next(line for line in lines if 'pip install --no-cache-dir ".[' in line)
+    extras = set(install.split("[")[1].split("]")[0].split(","))
+    runtime = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    assert extras == runtime - {"dev", "local"}  # server, train, trackers and ray: one image for every role
+    # runs as the unprivileged user the Helm chart's securityContext names
+    assert "USER 10001" in lines and any("useradd --uid 10001" in line for line in lines)
+
+
+def test_worker_only_compose_runs_one_worker_per_gpu_and_nothing_else() -> None:
+    compose = _compose("docker-compose.worker.yml")
+    services = compose["services"]
+    workers = {n: s for n, s in services.items() if n.startswith("worker-gpu")}
+    gpus = []
+    for name, service in services.items():
+        # no PostgreSQL, Redis or S3 here, and nothing waits for them: they are remote
+        assert "depends_on" not in service and "build" not in service, name
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert "count" not in device and len(device["device_ids"]) == 1, name
+        unknown = {k for k in service["environment"] if k.startswith("TUNEHOUSE_")} - _setting_names()
+        assert not unknown, unknown
+        if name in workers:
+            gpus.append(device["device_ids"][0])
+            assert service["command"] == ["tunehouse", "worker"]
+    assert gpus == [str(i) for i in range(len(workers))]  # each its own GPU
+    assert services["tinker"]["command"] == ["tunehouse", "worker", "--tinker"]
+    # `--profile gpus-N` starts exactly N workers
+    for n in (2, 4, 8):
+        started = [w for w, s in workers.items() if not s.get("profiles") or f"gpus-{n}" in s["profiles"]]
+        assert len(started) == n, (n, started)
+    example = dict(
+        line.split("=", 1) for line in (ROOT / ".env.worker.example").read_text().splitlines() if "=" in line
+    )
+    required = set(re.findall(r"\$\{(\w+):\?", (ROOT / "docker-compose.worker.yml").read_text()))
+    assert required <= set(example), required - set(example)
 
 
 # variables the SDK and the test suite read, not the server's settings

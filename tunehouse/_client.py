@@ -5,6 +5,7 @@ client = Client()  # TUNEHOUSE_BASE_URL, TUNEHOUSE_API_KEY
 f = client.files.create(file="train.jsonl")
 job = client.fine_tuning.jobs.create(model="tunehouse/tiny-llama", training_file=f.id)
 job = client.fine_tuning.jobs.wait(job.id)
+for chunk in client.chat.completions.stream(model=job.fine_tuned_model, messages=[...]): ...
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from tunehouse._base_client import (
     SyncTransport,
     resolve_config,
 )
+from tunehouse.resources.chat import AsyncChat, Chat
 from tunehouse.resources.files import AsyncFiles, Files
 from tunehouse.resources.jobs import AsyncJobs, Jobs
+from tunehouse.resources.models import AsyncModels, Models
 from tunehouse.resources.webhooks import AsyncWebhooks, Webhooks
 
 
@@ -46,6 +49,8 @@ class Client:
         self._transport = SyncTransport(self.base_url, api_key, timeout, max_retries)
         self.files = Files(self._transport)
         self.fine_tuning = FineTuning(self._transport)
+        self.models = Models(self._transport)
+        self.chat = Chat(self._transport)
         self.webhooks = Webhooks(self._transport)
 
     def close(self) -> None:
@@ -73,6 +78,8 @@ class AsyncClient:
         self._transport = AsyncTransport(self.base_url, api_key, timeout, max_retries)
         self.files = AsyncFiles(self._transport)
         self.fine_tuning = AsyncFineTuning(self._transport)
+        self.models = AsyncModels(self._transport)
+        self.chat = AsyncChat(self._transport)
         self.webhooks = AsyncWebhooks(self._transport)
 
     async def close(self) -> None:

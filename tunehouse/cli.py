@@ -1,7 +1,7 @@
 """The `tunehouse` command. Server-side commands import the service lazily, so the SDK side of this
 package never pulls in FastAPI or torch at import time.
 
-    tunehouse up [--host H] [--port P] [--data-dir D] [--no-demo]   API + workers, embedded default
+    tunehouse up [--host H] [--port P] [--data-dir D] [--no-demo] [--no-tinker]   the embedded default
     tunehouse worker [--data-dir D] [--inference | --tinker]        a training (inference, Tinker) worker
     tunehouse migrate                                               alembic upgrade head
     tunehouse keys create --tenant NAME [--expires-in 30d] [--json] a new API key (last line, or JSON)
@@ -10,6 +10,9 @@ package never pulls in FastAPI or torch at import time.
     tunehouse files upload|list|get|delete ...                      training files
     tunehouse jobs estimate|create|list|get|cancel|pause|resume|events|metrics|wait ...
     tunehouse checkpoints list|download ...
+    tunehouse models list                                           base models (what each is) and yours
+    tunehouse models add HUB_ID|PATH [--name N] [--revision R]      a base model into the catalogue
+    tunehouse chat MODEL [MESSAGE]                                  ask a model; the reply streams
 
 Client commands take --base-url / --api-key (or TUNEHOUSE_BASE_URL / TUNEHOUSE_API_KEY) and --json.
 User errors print one line and exit non-zero; `jobs wait` exits 0 only when the job succeeded.
@@ -22,6 +25,38 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+
+# the extra that brings a missing top-level module: a client-only install (`pip install tunehouse`) has
+# httpx and pydantic alone, and the server-side commands say what to install instead of a traceback
+_SERVER_MODULES = frozenset(
+    [
+        "fastapi",
+        "uvicorn",
+        "sqlalchemy",
+        "alembic",
+        "psycopg",
+        "pydantic_settings",
+        "celery",
+        "kombu",
+        "redis",
+        "boto3",
+        "huggingface_hub",
+        "multipart",
+    ]
+)
+_TRAIN_MODULES = frozenset(("torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers"))
+
+
+def missing_extra(module: str) -> str | None:
+    """The extra that installs `module` (a dotted name's top package), or None if it is not ours.
+
+    >>> missing_extra("sqlalchemy.orm"), missing_extra("torch"), missing_extra("numpyx")
+    ('server', 'train', None)
+    """
+    top = module.split(".")[0]
+    if top in _SERVER_MODULES:
+        return "server"
+    return "train" if top in _TRAIN_MODULES else None
 
 
 class UserError(Exception):
@@ -132,6 +167,36 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models_add(args: argparse.Namespace) -> int:
+    from service.base_models.adding import AddError, add_base_model
+    from service.db import session_scope
+    from service.storage import get_blob_store
+
+    _migrated()
+    try:
+        with session_scope() as session:
+            row = add_base_model(
+                session,
+                get_blob_store(),
+                args.source,
+                name=args.name,
+                revision=args.revision,
+                token=args.token,
+                say=(lambda _line: None) if args.json else print,
+            )
+            summary = {"id": row.id, "revision": row.revision, "files": len(row.files), "bytes": row.bytes}
+    except AddError as exc:
+        raise UserError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"added {summary['id']} at revision {summary['revision']} ({summary['files']} files, "
+            f"{summary['bytes']:,} bytes in the blob store); workers fetch it on first use"
+        )
+    return 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from service.config import get_settings
 
@@ -175,11 +240,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from tunehouse.embedded import run_embedded
 
-    return run_embedded(host=args.host, port=args.port, demo=not args.no_demo)
+    return run_embedded(host=args.host, port=args.port, demo=not args.no_demo, tinker=not args.no_tinker)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tunehouse.cli_client import add_client_commands
+    from tunehouse.cli_client import add_client_commands, models_list
 
     parser = argparse.ArgumentParser(prog="tunehouse", description="OpenAI-compatible training service")
     parser.add_argument("--data-dir", help="state folder for the embedded default (TUNEHOUSE_DATA_DIR)")
@@ -195,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--data-dir", dest="data_dir_sub")
     up.add_argument("--no-demo", action="store_true", help="do not submit the demo SFT job")
+    up.add_argument(
+        "--no-tinker", action="store_true", help="no Tinker API (neither its Tinker host nor a private Redis)"
+    )
     up.set_defaults(func=cmd_up)
 
     worker = sub.add_parser("worker", help="run a Celery worker")
@@ -207,6 +275,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--tinker", action="store_true", help="hold Tinker training clients (docs/tinker.md), not jobs"
     )
     worker.set_defaults(func=cmd_worker)
+
+    models = sub.add_parser("models", help="base models: list them, add one to the catalogue")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    listing = models_sub.add_parser("list", parents=[common], help="the models you can train and try")
+    listing.set_defaults(func=models_list)
+    add = models_sub.add_parser(
+        "add", help="store a base model (hub id or local folder) in the blob store, for every worker"
+    )
+    add.add_argument("source", help="a hub id (org/name) or a local Hugging Face model folder")
+    add.add_argument("--name", help="the name jobs use (default: the hub id, or the folder's name)")
+    add.add_argument("--revision", help="a hub branch, tag or commit (default: main), pinned as its commit")
+    add.add_argument("--token", help="a hub token for a gated model (default: HF_TOKEN)")
+    add.add_argument("--json", action="store_true")
+    add.add_argument("--data-dir", dest="data_dir_sub")
+    add.set_defaults(func=cmd_models_add)
 
     migrate = sub.add_parser("migrate", help="upgrade the database to the newest schema")
     migrate.add_argument("--data-dir", dest="data_dir_sub")
@@ -242,6 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc.name or "")
+        if extra is None:
+            raise
+        print(
+            f"tunehouse: `{' '.join(sys.argv[1:3]) or args.command}` runs the service, which this install "
+            f"lacks ({exc.name}): install tunehouse[{extra}] (pip install 'tunehouse[{extra}]')",
+            file=sys.stderr,
+        )
+        return 2
     except (UserError, CLIError) as exc:
         print(f"tunehouse: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """The client half of the CLI: files, jobs and checkpoints over the API, with `--json` for scripts.
 
-Configuration: --base-url / --api-key, else TUNEHOUSE_BASE_URL / TUNEHOUSE_API_KEY, else (for the
-default local URL) the key `tunehouse up` keeps in its data dir.
+Configuration: --base-url / --api-key, else TUNEHOUSE_BASE_URL / TUNEHOUSE_API_KEY, else the server a
+running `tunehouse up` of the data dir (TUNEHOUSE_DATA_DIR, `.tunehouse`) serves and the key it keeps
+there, else http://127.0.0.1:8000.
 """
 
 from __future__ import annotations
@@ -26,11 +27,25 @@ class CLIError(Exception):
     """A user error: printed as one line."""
 
 
+def _data_dir() -> Path:
+    return Path(os.environ.get("TUNEHOUSE_DATA_DIR", ".tunehouse"))
+
+
+def started_server() -> str | None:
+    """The URL a `tunehouse up` of this data dir serves, while it runs (tunehouse/embedded.py writes it)."""
+    try:
+        endpoint = json.loads((_data_dir() / "endpoint.json").read_text())
+        os.kill(int(endpoint["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(endpoint["base_url"])
+
+
 def make_client(args: argparse.Namespace) -> Client:
-    base_url = args.base_url or os.environ.get("TUNEHOUSE_BASE_URL") or DEFAULT_BASE_URL
+    base_url = args.base_url or os.environ.get("TUNEHOUSE_BASE_URL") or started_server() or DEFAULT_BASE_URL
     api_key = args.api_key or os.environ.get("TUNEHOUSE_API_KEY")
     if not api_key:
-        key_file = Path(os.environ.get("TUNEHOUSE_DATA_DIR", ".tunehouse")) / "local_api_key"
+        key_file = _data_dir() / "local_api_key"
         if key_file.exists():
             api_key = key_file.read_text().strip()
     if not api_key:
@@ -135,7 +150,9 @@ def _gib(n: int | None) -> str:
 
 def _estimate_text(e: Any) -> str:
     tokens = e.trained_tokens
+    verdict = {True: "runs", False: "cannot run", None: "unknown"}[e.fits]
     lines = [
+        f"{verdict}" + (f": {e.reason}" if e.reason else ""),
         f"{e.examples} examples, {e.total_steps} steps, queue position {e.queue_position}",
         f"trained tokens: {tokens['per_epoch']} per epoch, {tokens['total']} in all"
         if tokens
@@ -283,6 +300,46 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata", action="append", metavar="KEY=VALUE")
 
 
+# -- models and chat ----------------------------------------------------------------------------
+def _model_line(m: Any) -> str:
+    if m.architecture is None:
+        return f"{m.id}  (fine-tuned, {m.owned_by})"
+    size = f"{m.parameters / 1e6:,.1f}M params" if m.parameters else "? params"
+    trains = ", ".join(m.trainable.methods) if m.trainable and m.trainable.methods else "nothing yet"
+    return (
+        f"{m.id}  {m.architecture}  {size}  context {m.context_length or '?'}  "
+        f"{'+'.join(m.modalities or [])}  trains: {trains}"
+    )
+
+
+def models_list(args: argparse.Namespace) -> int:
+    with make_client(args) as client:
+        models = client.models.list()
+    emit(args, list(models), "\n".join(_model_line(m) for m in models))
+    return 0
+
+
+def chat(args: argparse.Namespace) -> int:
+    """One question (the argument, or each line of standard input in turn), the reply printed as it
+    is generated."""
+    messages: list[dict[str, Any]] = []
+    questions = [args.message] if args.message else (line.rstrip("\n") for line in sys.stdin)
+    with make_client(args) as client:
+        for question in questions:
+            if not question:
+                continue
+            messages.append({"role": "user", "content": question})
+            reply = []
+            for chunk in client.chat.completions.stream(
+                model=args.model, messages=messages, max_tokens=args.max_tokens, temperature=args.temperature
+            ):
+                reply.append(chunk.text)
+                print(chunk.text, end="", flush=True)
+            print(flush=True)
+            messages.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
 def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     files = sub.add_parser("files", help="training files").add_subparsers(dest="files_command", required=True)
     p = files.add_parser("upload", parents=[common], help="upload a JSONL file")
@@ -296,6 +353,13 @@ def add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         p = files.add_parser(name, parents=[common])
         p.add_argument("file_id")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("chat", parents=[common], help="ask a model; the reply streams as it is generated")
+    p.add_argument("model", help="a base model, a fine-tuned model (ft:...) or a checkpoint")
+    p.add_argument("message", nargs="?", help="the question (default: each line of standard input)")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.set_defaults(func=chat)
 
     jobs = sub.add_parser("jobs", help="fine-tuning jobs").add_subparsers(dest="jobs_command", required=True)
     p = jobs.add_parser("estimate", parents=[common], help="estimate a job before creating it")

@@ -1,13 +1,17 @@
 """`tunehouse up`: the whole service on one machine with no servers to install.
 
 SQLite, kombu's filesystem broker and a blob folder, all under the data dir; the API (uvicorn), one
-training worker and one inference worker run as child processes. A local API key is created once and
-kept in the data dir; a demo SFT job on the bundled tiny model is submitted and its progress printed,
-then the fine-tuned model is asked a question through /v1/chat/completions, unless --no-demo.
+training worker, one inference worker and one Tinker host run as child processes, beside a private
+redis-server on a unix socket (tunehouse/embedded_redis.py) that the Tinker API and live streams use.
+A local API key is created once and kept in the data dir; the URL and key are printed as `export`
+lines (and kept in the data dir, where the CLI finds them); a demo SFT job on the bundled tiny model is
+submitted and its progress printed, then the fine-tuned model is asked a question through
+/v1/chat/completions, unless --no-demo.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from tunehouse.embedded_redis import find_redis_server, start_redis
+
 # Full fine-tuning: the demo model is tiny and random, so LoRA at any sane rate barely moves it;
 # 20 epochs x 8 steps take the loss from ~6.2 to well under 1 in a few seconds on a laptop CPU.
 DEMO_HYPERPARAMETERS = {
@@ -30,6 +36,8 @@ DEMO_HYPERPARAMETERS = {
     "warmup_ratio": 0.1,
 }
 DEMO_QUESTION = "What is the capital of France?"
+# where a running `tunehouse up` says which URL it serves (read by the CLI; removed when it stops)
+ENDPOINT_FILE = "endpoint.json"
 # how long `tunehouse up` waits for its API and worker to exit before killing them
 STOP_GRACE_SECONDS = 15.0
 
@@ -44,6 +52,16 @@ QUIET_LIBRARIES = {
 
 class EmbeddedError(Exception):
     pass
+
+
+def export_lines(url: str, key: str) -> list[str]:
+    """The shell lines README.md promises: the tunehouse SDK/CLI and the Tinker SDK (`tml-` + a key)."""
+    return [
+        f"export TUNEHOUSE_BASE_URL={url}",
+        f"export TUNEHOUSE_API_KEY={key}",
+        f"export TINKER_BASE_URL={url}",
+        f"export TINKER_API_KEY=tml-{key}",
+    ]
 
 
 def _local_key(data_dir: Path) -> str:
@@ -154,7 +172,7 @@ def demo_answer(client: httpx.Client, model: str) -> str:
     return str(reply.json()["choices"][0]["message"]["content"]).strip()
 
 
-def run_embedded(*, host: str, port: int, demo: bool) -> int:
+def run_embedded(*, host: str, port: int, demo: bool, tinker: bool = True) -> int:
     started = time.monotonic()
     for name, value in QUIET_LIBRARIES.items():
         os.environ.setdefault(name, value)
@@ -173,12 +191,18 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
     logs = settings.data_dir / "logs"
     logs.mkdir(exist_ok=True)
     children: Children = {}
+    servers: Children = {}  # stopped after the children that use them
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if tinker:
+            tinker_note = _start_redis(settings.redis_url, settings.data_dir, logs, env, servers)
+        else:
+            tinker_note = "Tinker API: off (--no-tinker)"
         with (
             (logs / "api.log").open("ab") as api_log,
             (logs / "worker.log").open("ab") as worker_log,
             (logs / "inference.log").open("ab") as inference_log,
+            (logs / "tinker.log").open("ab") as tinker_log,
         ):
             children["API"] = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "service.app:app", "--host", host, "--port", str(port)],
@@ -199,13 +223,71 @@ def run_embedded(*, host: str, port: int, demo: bool) -> int:
                 stdout=inference_log,
                 stderr=subprocess.STDOUT,
             )
-        return _serve(host, port, key, children, settings.data_dir, logs, demo=demo, started=started)
+            if tinker and env.get("TUNEHOUSE_REDIS_URL"):
+                # the Tinker API's host: holds the training clients' adapters (worker/tinker_host.py)
+                children["Tinker host"] = subprocess.Popen(
+                    [sys.executable, "-m", "tunehouse.cli", "worker", "--tinker"],
+                    env=env,
+                    stdout=tinker_log,
+                    stderr=subprocess.STDOUT,
+                )
+        return _serve(
+            host,
+            port,
+            key,
+            children,
+            settings.data_dir,
+            logs,
+            demo=demo,
+            started=started,
+            note=tinker_note,
+            redis_url=env.get("TUNEHOUSE_REDIS_URL", ""),
+        )
     except KeyboardInterrupt:
         return 0
     finally:
         _stop_children(children)
+        _stop_children(servers)
+        (settings.data_dir / ENDPOINT_FILE).unlink(missing_ok=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _start_redis(redis_url: str, data_dir: Path, logs: Path, env: dict[str, str], servers: Children) -> str:
+    """Point the children at the operator's Redis (TUNEHOUSE_REDIS_URL) or a private one started here;
+    returns a line saying what the Tinker API runs on."""
+    if redis_url:
+        env["TUNEHOUSE_REDIS_URL"] = redis_url
+        return f"Tinker API: on, its hosts talk through {redis_url}"
+    binary = find_redis_server()
+    if binary is None:
+        return (
+            "Tinker API: off (it needs Redis: install tunehouse[local], which carries a redis-server, or "
+            "set TUNEHOUSE_REDIS_URL)"
+        )
+    proc, url = start_redis(binary, data_dir, logs / "redis.log")
+    servers["Redis"] = proc
+    env["TUNEHOUSE_REDIS_URL"] = url
+    return f"Tinker API: on, with a private redis-server at {url}"
+
+
+def _wait_tinker_host(redis_url: str, children: Children, timeout: float = 180.0) -> None:
+    """Until the Tinker host has announced itself in Redis (its imports take seconds): a Tinker client
+    started before would be answered 503 and retry."""
+    import redis
+
+    from service.tinker.channel import key
+
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while not next(iter(client.scan_iter(key("host", "*"))), None):
+            _check_children(children)
+            if time.monotonic() > deadline:
+                raise EmbeddedError(f"the Tinker host did not start within {timeout:.0f}s")
+            time.sleep(0.2)
+    finally:
+        client.close()
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -245,14 +327,25 @@ def _serve(
     *,
     demo: bool,
     started: float,
+    note: str,
+    redis_url: str,
 ) -> int:
     api = children["API"]
     url = f"http://{host}:{port}"
     try:
         _wait_ready(url, api)
+        # the CLI's default server while this one runs (tunehouse/cli_client.py)
+        (data_dir / ENDPOINT_FILE).write_text(json.dumps({"base_url": url, "pid": os.getpid()}) + "\n")
         print(f"tunehouse is up at {url}  (data dir {data_dir}, logs in {logs})", flush=True)
         print(f"API key: {key}", flush=True)
+        print(note, flush=True)
+        print("for the SDK, the CLI, the openai and tinker clients in another shell:", flush=True)
+        for line in export_lines(url, key):
+            print(f"  {line}", flush=True)
         print(f"try: curl -H 'Authorization: Bearer {key}' {url}/v1/fine_tuning/jobs", flush=True)
+        if "Tinker host" in children:
+            _wait_tinker_host(redis_url, children)
+            print(f"Tinker API: ready at {url}/api/v1", flush=True)
         if demo:
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
                 job_id = submit_demo(client)

@@ -176,3 +176,72 @@ class JobEstimate(_Object):
     estimated_wall_time: dict[str, Any]
     queue_position: int
     preview: list[list[dict[str, Any]]]
+    # false: the job would train nothing, or fits no live worker (`reason` says which); null: unknown
+    fits: bool | None = None
+    reason: str | None = None
+
+
+class ModelTrainable(_Object):
+    """What this deployment can train on a base model."""
+
+    methods: list[str]
+    lora: bool
+    full: bool
+    quantization: list[str]
+    reason: str | None = None
+
+
+class Model(_Object):
+    """A model of `client.models`: a base model (with what it is and what trains on it) or one of the
+    organization's fine-tuned models (the base-model fields are None)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    architecture: str | None = None
+    parameters: int | None = None
+    context_length: int | None = None
+    chat_template: str | None = None
+    modalities: list[str] | None = None
+    trainable: ModelTrainable | None = None
+    source: str | None = None
+    revision: str | None = None
+    bytes: int | None = None
+
+
+class ModelDeleted(_Object):
+    id: str
+    deleted: bool
+
+
+class _ChatAnswer(_Object):
+    id: str
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
+class ChatCompletion(_ChatAnswer):
+    """The answer of `client.chat.completions.create` (OpenAI's shape; `choices[i].message`)."""
+
+    object: Literal["chat.completion"] = "chat.completion"
+
+    @property
+    def text(self) -> str:
+        """The first choice's content."""
+        return str(self.choices[0]["message"].get("content") or "")
+
+
+class ChatCompletionChunk(_ChatAnswer):
+    """One piece of a streamed chat completion (`client.chat.completions.stream`)."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+
+    @property
+    def text(self) -> str:
+        """The first choice's new text, "" when it has none."""
+        if not self.choices:
+            return ""
+        return str(self.choices[0].get("delta", {}).get("content") or "")

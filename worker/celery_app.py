@@ -17,10 +17,15 @@ from celery import Celery
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from service.config import get_settings
+from service.graders.service import require_python_grader_sandbox
 from service.queue import get_celery
 from worker.reaper import advertise_worker, retire_worker, start_reaper
 from worker.supervisor import default_worker_id, keep_a_spare_trainer, request_shutdown, stop_spare_trainer
 from worker.webhooks import start_delivery_loop
+
+# A training worker runs RL jobs' python graders: enabled, they need the sandbox (or the operator's
+# explicit unsafe choice); without it the worker does not start (service/graders/service.py)
+require_python_grader_sandbox(get_settings())
 
 app: Celery = get_celery()
 

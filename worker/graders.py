@@ -83,6 +83,7 @@ def reward_set(
         allow_python=settings.allow_python_grader,
         python_timeout=settings.python_grader_timeout_seconds,
         python_memory_mb=settings.python_grader_memory_mb,
+        python_sandbox=not settings.python_grader_unsafe_no_sandbox,
         param=param,
     )
     checked = _ExpansionChecked(grader, spec, param=param, max_chars=settings.grader_max_text_chars)

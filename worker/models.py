@@ -1,7 +1,7 @@
-"""Turn a job's model name into a local Hugging Face folder: the bundled demo model (built once),
-an operator-registered path, a hub id, a fine-tuned model of the tenant (its final checkpoint,
-unpacked once into the data dir's model cache), or a Tinker checkpoint of the tenant (its adapter merged
-into its base, once)."""
+"""Turn a job's model name into a local Hugging Face folder: the bundled demo model (built once), a
+base model of the catalogue (fetched once per host from the blob store), an operator-registered path,
+a hub id, a fine-tuned model of the tenant (its final checkpoint, unpacked once into the data dir's model
+cache), or a Tinker checkpoint of the tenant (its adapter merged into its base, once)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from service.base_models.tinker_checkpoints import TINKER_PATH_PREFIX, find_tink
 from service.config import Settings
 from service.db import session_scope
 from service.storage import BlobStore
+from worker.base_model_cache import fetch_base_model
 
 
 class ModelNotAvailable(Exception):
@@ -112,4 +113,17 @@ def resolve_model_path(
         raise ModelNotAvailable(f"model '{name}' is no longer available on this deployment", param=param)
     if entry.source == "builtin":
         return str(ensure_tiny_model(settings.models_dir / "tiny-llama"))
+    if entry.row is not None:  # the catalogue's: fetched once per host from the blob store
+        row = entry.row
+        return str(
+            fetch_base_model(
+                blobs,
+                settings.base_models_dir,
+                name=row.id,
+                revision=row.revision,
+                prefix=row.blob_prefix,
+                files=row.files,
+                cap_bytes=int(settings.model_cache_gb * 2**30),
+            )
+        )
     return entry.path or entry.id

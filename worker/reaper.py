@@ -27,6 +27,7 @@ from service.jobs.dispatch import reconcile
 from service.models import Job
 from service.models_api.lifecycle import sweep_deleted_models
 from service.storage import get_blob_store
+from worker.devices import worker_stats
 from worker.launch import worker_device, worker_gpus
 from worker.outage import is_outage
 from worker.recovery import restart_or_fail
@@ -65,6 +66,7 @@ def advertise_worker(worker_id: str) -> None:
             queue=settings.job_queue,
             gpus=worker_gpus(settings),
             device=worker_device(),
+            stats=worker_stats(),
         )
 
 

@@ -44,14 +44,15 @@ def held_by(worker_id: str) -> ColumnElement[bool]:
     return (Job.status == "running") & (Job.worker_id == worker_id)
 
 
-def describe_exit(returncode: int) -> str:
+def describe_exit(returncode: int, process: str = "the trainer process") -> str:
+    """How `process` ended, as a job's event says it: "<process> was killed by SIGKILL (...)"."""
     if returncode < 0:
         try:
             sig = signal.Signals(-returncode)
         except ValueError:
-            return f"the trainer process was killed by signal {-returncode}"
-        return f"the trainer process was killed by {sig.name}{_SIGNAL_HINTS.get(sig, '')}"
-    return f"the trainer process exited with code {returncode}"
+            return f"{process} was killed by signal {-returncode}"
+        return f"{process} was killed by {sig.name}{_SIGNAL_HINTS.get(sig, '')}"
+    return f"{process} exited with code {returncode}"
 
 
 def restart_or_fail(

@@ -44,6 +44,7 @@ from trainers.core import turns
 from trainers.core.loop import CheckpointInfo, StopRequest
 from trainers.registry import OPENAI_CHECKPOINT_METRICS, OPENAI_CHECKPOINT_PREFIXES
 from worker.checkpoints import prune_resumable_states
+from worker.devices import StepSampler
 from worker.outage import blob_outage_event, is_outage, retry_blob, retry_db
 from worker.trackers import Tracker
 
@@ -109,6 +110,7 @@ class JobReporter:
         self.final_checkpoint_id: str | None = None
         self._pending: dict[int, dict[str, Any]] = {}
         self._last_flush = time.monotonic()
+        self._devices = StepSampler()  # each step row's device figures (worker/devices.py)
         # the sender thread (`_send_loop`): rows to publish, in step order, and what it must do next
         self._outbox: deque[dict[str, float]] = deque()
         self._buffer_lock = threading.Lock()  # _pending and _outbox, shared with the sender
@@ -164,8 +166,9 @@ class JobReporter:
 
     def on_step(self, row: dict[str, float]) -> None:
         self._raise_sender_error()
-        # wall-clock time of the step, kept with the row: for plots against time and latency checks
-        row = {**row, "logged_at": time.time()}
+        # wall-clock time of the step, kept with the row: for plots against time and latency checks; and
+        # what the job's devices were doing (GPU utilisation and memory, the trainer's RSS), charted
+        row = {**row, "logged_at": time.time(), **self._devices()}
         self.last_row = row
         if self._origin is None:  # a resumed run's first step is not step 1
             self._origin = (int(row["step"]) - 1, self._began_at)
@@ -351,6 +354,7 @@ class JobReporter:
 
     def _flush_buffer(self, *, wait: bool) -> None:
         self._last_flush = time.monotonic()
+        self._devices = StepSampler()  # each step row's device figures (worker/devices.py)
         if not self._pending:
             return
         if wait:

@@ -210,7 +210,7 @@ def _drive(
             worker_id=worker_id,
             stopping=stop_asked is not None,
             what="the shared-base trainer",
-            cause=f"its shared-base trainer {_describe(proc.returncode)}",
+            cause=describe_exit(proc.returncode, "its shared-base trainer"),
             settings=settings,
         )
         statuses[job_id] = release_and_status(job_id, worker_id=worker_id)
@@ -259,7 +259,3 @@ def _ended(job_id: str, code: int, *, worker_id: str) -> str | None:
             settings=get_settings(),
         )
     return release_and_status(job_id, worker_id=worker_id)
-
-
-def _describe(returncode: int | None) -> str:
-    return describe_exit(returncode if returncode is not None else -signal.SIGKILL)

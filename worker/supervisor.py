@@ -35,6 +35,7 @@ from worker.launch import (
     start_trainer,
     trainer_command,
     trainer_exited,
+    worker_device,
     worker_queues,
 )
 from worker.recovery import describe_exit, release_and_status, renew_lease, run_ended_without_outcome
@@ -133,7 +134,8 @@ def _announce_start(job_id: str, *, worker_id: str, how: str | None = None) -> N
                 f"{need.nodes} nodes x {need.per_node} ranks"
             )
         else:
-            on = f"worker {worker_id}" + (f", {gpus} ranks" if gpus > 1 else "")
+            on = f"worker {worker_id} [{worker_device().describe()}]"
+            on += f", {gpus} ranks" if gpus > 1 else ""
         add_event(
             session,
             job_id,
@@ -141,6 +143,8 @@ def _announce_start(job_id: str, *, worker_id: str, how: str | None = None) -> N
             data=state_event(
                 "running",
                 worker=worker_id,
+                device=worker_device().kind,
+                device_name=worker_device().name,
                 attempt=attempt,
                 ranks=gpus,
                 nodes=need.nodes,

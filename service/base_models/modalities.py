@@ -1,7 +1,8 @@
 """What a model name can take (text, or text and images), as the API knows it before any worker loads it:
-``trainers.modalities`` read from the model's ``config.json`` where the operator's registry points at a
-local folder, the built-in tiny model's text, a fine-tuned model's base's (its job's, or its Tinker
-checkpoint's), and unknown (None) for a hub id not downloaded yet, whose worker then decides.
+``trainers.modalities`` read from the model's ``config.json`` (a catalogue model's details hold it, read
+when it was added; an operator's registry entry is read from its folder), the built-in tiny model's
+text, a fine-tuned model's base's (its job's, or its Tinker checkpoint's), and unknown (None) for a hub
+id not downloaded yet, whose worker then decides.
 
 The job creation refuses image rows on a model that takes none (service/jobs/creation.py); the model
 catalogue can list the same ``modalities`` (GET /v1/models).
@@ -31,8 +32,10 @@ def model_modalities(
 ) -> tuple[str, ...] | None:
     """The inputs model ``name`` takes, or None where the API cannot tell (module docstring)."""
     for _ in range(_MAX_DEPTH):
-        entry = resolve_base_model(settings, name)
+        entry = resolve_base_model(settings, name, session)
         if entry is not None:
+            if entry.details.get("modalities"):
+                return tuple(entry.details["modalities"])
             if entry.source == "builtin":
                 return (TEXT,)
             return _from_folder(Path(entry.path)) if entry.path else None

@@ -68,7 +68,7 @@ def find_model_weights(
             created=tinker.created_at,
             owned_by=tenant_id,
         )
-    entry = resolve_base_model(settings, name)
+    entry = resolve_base_model(settings, name, session)
     if entry is None:
         return None
     return ModelWeights(

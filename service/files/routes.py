@@ -35,14 +35,17 @@ _UPLOAD_BODY: dict[str, Any] = {
                     "type": "object",
                     "required": ["file", "purpose"],
                     "properties": {
+                        # text, not bytes: the file must be UTF-8 (its lines are then validated)
                         "file": {
                             "type": "string",
-                            "format": "binary",
-                            "description": "A JSONL training file, validated line by line",
+                            "contentMediaType": "application/jsonl",
+                            "minLength": 1,
+                            "description": "A JSONL training file in UTF-8, validated line by line",
                         },
                         "purpose": {"type": "string", "enum": list(service.PURPOSES)},
                     },
-                }
+                },
+                "encoding": {"file": {"contentType": "application/jsonl; charset=utf-8"}},
             }
         },
     }

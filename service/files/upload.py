@@ -32,6 +32,22 @@ MAX_FILENAME_CHARS = 500
 # one header line of a part (python-multipart's default, stated to it): a Content-Disposition
 # whose filename is longer than ~4,100 bytes breaks it before the name can be read (docs/limits.md)
 MAX_PART_HEADER_BYTES = 4096 + 128
+# header lines of one part (python-multipart's default, stated to it): a client sends
+# Content-Disposition and perhaps Content-Type
+MAX_PART_HEADERS = 8
+# RFC 2046: a boundary is 1 to 70 characters
+MAX_BOUNDARY_BYTES = 70
+# All the multipart framing a body may hold besides its file: each part's boundary line, headers and (but
+# the file's) value. With the file's limit it bounds the whole body, so a Content-Length over that is
+# refused before anything is read (service/middleware.py), and a body that runs past it while streaming
+MAX_FRAMING_BYTES = (MAX_PARTS + 1) * (
+    MAX_BOUNDARY_BYTES + 8 + MAX_PART_HEADERS * (MAX_PART_HEADER_BYTES + 4) + MAX_FIELD_BYTES
+)
+
+
+def max_body_bytes(max_file_bytes: int) -> int:
+    """The largest upload body a file of `max_file_bytes` can come in."""
+    return max_file_bytes + MAX_FRAMING_BYTES
 
 
 @dataclass
@@ -171,11 +187,25 @@ async def receive_upload(
     boundary = params.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
         raise BadRequest("upload must be multipart/form-data with a 'file' part", param="file")
+    if len(boundary) > MAX_BOUNDARY_BYTES:
+        raise _malformed(f"its boundary is longer than {MAX_BOUNDARY_BYTES} characters (RFC 2046)")
     validator = JsonlValidator(min_examples=min_examples, images=images)
     st = _State(validator=validator, writer=writer, max_bytes=max_bytes)
+    received, most = 0, max_body_bytes(max_bytes)
     try:
-        parser = MultipartParser(boundary, _callbacks(st), max_header_size=MAX_PART_HEADER_BYTES)  # type: ignore[arg-type]
+        parser = MultipartParser(
+            boundary,
+            _callbacks(st),  # type: ignore[arg-type]
+            max_header_size=MAX_PART_HEADER_BYTES,
+            max_header_count=MAX_PART_HEADERS,
+        )
         async for chunk in stream:
+            received += len(chunk)
+            if received > most:  # past what its framing and file could fill: padding, an endless epilogue
+                raise PayloadTooLarge(
+                    f"request body is larger than the limit of {most} bytes for an upload",
+                    code="request_too_large",
+                )
             # JSON parsing is CPU work: keep it off the event loop
             await run_in_threadpool(parser.write, chunk)
         if not st.ended:
@@ -193,5 +223,7 @@ async def receive_upload(
                 param="file",
                 code="invalid_filename",
             ) from exc
+        if "Maximum header count exceeded" in str(exc):
+            raise _malformed(f"a part has more than {MAX_PART_HEADERS} header lines") from exc
         raise _malformed(str(exc)) from exc
     return UploadResult(stats=stats, sha256=st.digest.hexdigest(), filename=st.filename, fields=st.fields)

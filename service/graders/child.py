@@ -68,10 +68,14 @@ def grade(
 
 def main() -> None:
     payload = json.loads(sys.stdin.read())
+    from trainers.rewards.sandbox import SandboxUnavailable
+
     try:
         result = grade(payload["grader"], payload["model_sample"], payload["item"], payload["options"])
     except MemoryError:
         result = {"limit": "memory"}
+    except SandboxUnavailable as exc:  # the host's fault, not the request's: the API answers 503
+        result = {"sandbox_unavailable": str(exc)}
     sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)

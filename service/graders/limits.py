@@ -1,6 +1,7 @@
 """The sizes a grader may work on, checked before anything runs (issue 46: a `fuzzy_match` over a
 20,000-character sample and a 400,000-character reference took 60 s of the API's CPU; 5,000 copies of
 `{{item.r}}` over a 100 KB `item.r` took the API from 117 MB to 584 MB).
+Every `{{sample.*}}` variable counts as the sample's length (`sample_chars`).
 
 Each cap is a setting (service/config.py, `grader_*`); a grader over one is refused with a 400 naming
 the field, e.g. `grader.graders.close.reference`. A template's expanded length is computed from the
@@ -14,7 +15,8 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from trainers.rewards.graders import _TEMPLATE  # the one definition of a template variable (render uses it)
+# the one definition of a template variable and its path (render uses them)
+from trainers.rewards.graders import _TEMPLATE, lookup
 
 TEMPLATE_FIELDS = ("input", "reference")
 
@@ -55,6 +57,8 @@ def expanded_chars(template: str, sample_chars: int, item: Mapping[str, Any]) ->
     7
     >>> expanded_chars("{{sample.output_text}} {{item.n}}", 5, {"n": [1, 2]})
     12
+    >>> expanded_chars("{{item.n[1]}}", 5, {"n": ["a", "bcd"]})
+    3
     """
     total = len(template)
     sizes: dict[str, int] = {}  # a path read many times is measured once (json.dumps of a big value)
@@ -65,9 +69,7 @@ def expanded_chars(template: str, sample_chars: int, item: Mapping[str, Any]) ->
             continue
         path = match.group(2)
         if path not in sizes:
-            value: Any = item
-            for key in path.split("."):
-                value = value.get(key) if isinstance(value, Mapping) else None
+            value = lookup(item, path)[1]
             sizes[path] = (
                 0 if value is None else len(value) if isinstance(value, str) else len(json.dumps(value))
             )

@@ -13,6 +13,7 @@ python grader's CPU, wall-time and memory limits (service/graders/child.py), nev
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -27,11 +28,13 @@ from sqlalchemy.orm import Session
 
 from service.base_models.fine_tuned import find_final_checkpoint
 from service.config import Settings
-from service.errors import BadRequest, NotImplementedYet
+from service.errors import BadRequest, NotImplementedYet, ServiceUnavailable
 from service.graders import child, limits
 from service.graders.schemas import GraderRunResponse, RunErrors, RunMetadata
 from service.graders.shapes import python_graders, score_models
 from service.models import Tenant
+
+log = logging.getLogger("tunehouse.graders")
 
 
 def check_grader(
@@ -68,6 +71,33 @@ def check_grader(
         validate_grader(spec, param=param, allow_python=True)
     except GraderError as exc:
         raise BadRequest(f"{exc.param}: {exc.message}", param=exc.param, code="invalid_grader") from exc
+
+
+class SandboxRefused(RuntimeError):
+    """Python graders are enabled on a host that cannot sandbox them: the process must not start."""
+
+
+def require_python_grader_sandbox(settings: Settings) -> None:
+    """At the start of the API and of each training worker: with python graders enabled, the sandbox must
+    work on this host (trainers/rewards/sandbox.py), or the operator must have chosen to run without it."""
+    if not settings.allow_python_grader:
+        return
+    if settings.python_grader_unsafe_no_sandbox:
+        log.warning(
+            "TUNEHOUSE_PYTHON_GRADER_UNSAFE_NO_SANDBOX=1: tenants' python graders run WITHOUT a sandbox, "
+            "as this service's uid, able to read its environment, files and network"
+        )
+        return
+    from trainers.rewards.sandbox import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        raise SandboxRefused(
+            "TUNEHOUSE_ALLOW_PYTHON_GRADER=1 runs tenant code in a bubblewrap sandbox, which this host "
+            f"cannot provide: {reason}. Install bubblewrap and allow the namespaces it needs "
+            "(docs/operations.md#python-graders), or unset TUNEHOUSE_ALLOW_PYTHON_GRADER; "
+            "TUNEHOUSE_PYTHON_GRADER_UNSAFE_NO_SANDBOX=1 runs tenant code unsandboxed (unsafe)"
+        )
 
 
 # The import root of `service` (and `trainers`): the child runs without site-packages, from here
@@ -125,8 +155,8 @@ def _grade_in_child(payload: dict[str, Any], settings: Settings) -> dict[str, An
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={},
-        start_new_session=True,  # its own group: a timeout kills a python grader's child with it
+        env={"PATH": os.environ.get("PATH", os.defpath)},  # where a python grader's sandbox finds bwrap
+        start_new_session=True,  # its own group: a timeout kills a python grader's sandbox with it
     )
     try:
         out, err = proc.communicate(
@@ -144,6 +174,12 @@ def _grade_in_child(payload: dict[str, Any], settings: Settings) -> dict[str, An
         if "MemoryError" in err:
             raise _limit_exceeded(f"{settings.python_grader_memory_mb} MB of memory") from None
         raise RuntimeError(f"the grading child failed ({proc.returncode}): {err[-2000:]}") from None
+    if "sandbox_unavailable" in reply:
+        log.error("python grader sandbox unavailable: %s", reply["sandbox_unavailable"])
+        raise ServiceUnavailable(
+            "python graders cannot run on this server right now: its sandbox is unavailable",
+            code="python_grader_sandbox_unavailable",
+        )
     if reply.get("limit") == "memory":
         raise _limit_exceeded(f"{settings.python_grader_memory_mb} MB of memory")
     return reply
@@ -166,6 +202,7 @@ def run_grader(
         "allow_python": settings.allow_python_grader,
         "python_timeout": settings.python_grader_timeout_seconds,
         "python_memory_mb": settings.python_grader_memory_mb,
+        "python_sandbox": not settings.python_grader_unsafe_no_sandbox,
     }
     started = time.perf_counter()
     reply = _grade_in_child(

@@ -5,13 +5,17 @@ import it and `trainers.registry`, nothing else of trainers)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from trainers.rewards.formula import FormulaError, parse_formula
 
-TEMPLATE_HELP = "use {{sample.output_text}} for the completion and {{item.<field>}} for a column of the row"
+TEMPLATE_HELP = (
+    "use {{sample.output_text}} for the completion's content, {{sample.output_tools}} for its tool calls "
+    "(e.g. {{sample.output_tools[0].function.name}}) and {{item.<field>}} for a column of the row"
+)
 
 
 class _Grader(BaseModel):
@@ -48,6 +52,10 @@ class PythonGrader(_Grader):
     source: str = Field(min_length=1, max_length=100_000)
 
 
+# a sub-grader's name is a variable of the formula: an ASCII identifier (trainers.rewards.formula reads it)
+SUB_GRADER_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
 class MultiGrader(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["multi"]
@@ -58,8 +66,16 @@ class MultiGrader(BaseModel):
             StringCheckGrader | TextSimilarityGrader | ScoreModelGrader | PythonGrader,
             Field(discriminator="type"),
         ],
-    ] = Field(min_length=1)
+    ] = Field(min_length=1, json_schema_extra={"propertyNames": {"pattern": SUB_GRADER_NAME}})
     calculate_output: str = Field(min_length=1, max_length=1000)
+
+    @field_validator("graders")
+    @classmethod
+    def _names(cls, graders: dict[str, BaseModel]) -> dict[str, BaseModel]:
+        for name in graders:
+            if not re.fullmatch(SUB_GRADER_NAME, name):
+                raise ValueError(f"grader name {name!r} must be an identifier: ASCII letters, digits and _")
+        return graders
 
     @field_validator("calculate_output")
     @classmethod

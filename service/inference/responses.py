@@ -1,56 +1,117 @@
-"""OpenAI's response objects: `chat.completion` / `chat.completion.chunk` and `text_completion`."""
+"""OpenAI's response objects: `chat.completion` / `chat.completion.chunk` and `text_completion`.
+
+A chat reply carries what the worker read from the model's output with its chat format (task.py's
+pieces): `content`, `reasoning_content` (beside the content, as vLLM and DeepSeek return it), and
+`tool_calls` with `finish_reason: "tool_calls"`; a request with the legacy `functions` gets its call as
+`function_call` and `finish_reason: "function_call"`, as OpenAI answers those. Streamed, each piece is a
+chunk of its own: `delta.content`, `delta.reasoning_content`, or `delta.tool_calls[{index, id, type,
+function: {name, arguments}}]` (a call whole, in one chunk).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class Choice:
+    """One choice's answer, gathered from the worker's pieces."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # task.py's calls
+    finish_reason: str | None = None
+
+    def add(self, piece: dict[str, Any] | None, reason: str | None) -> None:
+        if piece is not None:
+            self.content += piece.get("content", "")
+            self.reasoning += piece.get("reasoning_content", "")
+            if "tool_call" in piece:
+                self.tool_calls.append(piece["tool_call"])
+        self.finish_reason = reason or self.finish_reason
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    return {"name": call["name"], "arguments": call["arguments"]}
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One completion request's identity; renders whole answers and streamed chunks for chat or text."""
+    """One completion request's identity; renders whole answers and streamed chunks for chat or text.
+    `functions`: a chat request with the legacy `functions` (its calls answered as `function_call`)."""
 
     chat: bool
     id: str
     created: int
     model: str
+    functions: bool = False
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def completion(
-        self, texts: list[str], reasons: list[str | None], usage: dict[str, int]
-    ) -> dict[str, Any]:
+    def _reason(self, reason: str | None) -> str | None:
+        return "function_call" if self.functions and reason == "tool_calls" else reason
+
+    def _calls(self, calls: list[dict[str, Any]], *, streamed: bool) -> dict[str, Any]:
+        if self.functions:
+            return {"function_call": _call(calls[0])}
+        return {
+            "tool_calls": [
+                {
+                    **({"index": c["index"]} if streamed else {}),
+                    "id": c["id"],
+                    "type": "function",
+                    "function": _call(c),
+                }
+                for c in calls
+            ]
+        }
+
+    def _message(self, choice: Choice) -> dict[str, Any]:
+        # OpenAI's content is null beside tool calls when the model wrote none
+        content = choice.content if choice.content or not choice.tool_calls else None
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if choice.reasoning:
+            message["reasoning_content"] = choice.reasoning
+        if choice.tool_calls:
+            message.update(self._calls(choice.tool_calls, streamed=False))
+        return message
+
+    def completion(self, choices: list[Choice], usage: dict[str, int]) -> dict[str, Any]:
         if self.chat:
-            choices: list[dict[str, Any]] = [
+            out: list[dict[str, Any]] = [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
-                    "finish_reason": reason,
+                    "message": self._message(c),
+                    "finish_reason": self._reason(c.finish_reason),
                     "logprobs": None,
                 }
-                for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
+                for i, c in enumerate(choices)
             ]
-            return {**self._head("chat.completion"), "choices": choices, "usage": usage}
-        choices = [
-            {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
-            for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
+            return {**self._head("chat.completion"), "choices": out, "usage": usage}
+        out = [
+            {"index": i, "text": c.content, "finish_reason": c.finish_reason, "logprobs": None}
+            for i, c in enumerate(choices)
         ]
-        return {**self._head("text_completion"), "choices": choices, "usage": usage}
+        return {**self._head("text_completion"), "choices": out, "usage": usage}
 
     def chunk(
-        self, index: int, text: str | None, reason: str | None, *, role: bool = False
+        self, index: int, piece: dict[str, Any] | None, reason: str | None, *, role: bool = False
     ) -> dict[str, Any]:
-        """A streamed piece of choice `index`: new text, or (text None) the end with its reason."""
+        """A streamed piece of choice `index` (task.py's), or (piece None) the end with its reason."""
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta = {"role": "assistant", "content": ""}
-            elif text is not None:
-                delta = {"content": text}
-            choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}
+            elif piece is not None and "tool_call" in piece:
+                delta = self._calls([piece["tool_call"]], streamed=True)
+            elif piece is not None:
+                delta = dict(piece)
+            choice = {"index": index, "delta": delta, "finish_reason": self._reason(reason), "logprobs": None}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": index, "text": text or "", "finish_reason": reason, "logprobs": None}
+        text = "" if piece is None else piece.get("content", "")
+        choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:

@@ -19,10 +19,12 @@ from service.config import Settings
 from service.dependencies import SessionDep, SettingsDep
 from service.errors import AppError, error_responses
 from service.ids import new_id, now
+from service.inference.chat import read_request
 from service.inference.images import check_images
-from service.inference.responses import Shape, usage
+from service.inference.responses import Choice, Shape, usage
 from service.inference.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from service.inference.service import Answer, build_task, resolve_weights, start_inference
+from service.inference.task import ChatRequest
 
 router = APIRouter(prefix="/v1", tags=["inference"], responses=error_responses(400, 401, 404, 503))
 
@@ -31,11 +33,14 @@ router = APIRouter(prefix="/v1", tags=["inference"], responses=error_responses(4
 async def chat_completions(
     body: ChatCompletionRequest, session: SessionDep, tenant: TenantDep, settings: SettingsDep
 ) -> Response:
-    """OpenAI's chat completions (plain, or `stream: true` as `chat.completion.chunk` events); image parts
-    for a vision model (docs/vision.md), checked here."""
-    weights = await _resolve(session, settings, tenant.id, body.model)
+    """OpenAI's chat completions (plain, or `stream: true` as `chat.completion.chunk` events), with tools:
+    the reply's `tool_calls` and `reasoning_content` read from the output with the model's chat format;
+    image parts for a vision model (docs/vision.md), checked here (an http(s) one fetched)."""
     await run_in_threadpool(check_images, body, settings)
-    return await _complete(body, weights, settings, Shape(True, new_id("chatcmpl"), now(), body.model))
+    chat = read_request(body)
+    weights = await _resolve(session, settings, tenant.id, body.model)
+    shape = Shape(True, new_id("chatcmpl"), now(), body.model, functions=chat.legacy_functions)
+    return await _complete(body, weights, settings, shape, chat)
 
 
 @router.post("/completions")
@@ -58,9 +63,13 @@ async def _resolve(session: SessionDep, settings: Settings, tenant_id: str, mode
 
 
 async def _complete(
-    body: SamplingRequest, weights: ModelWeights, settings: Settings, shape: Shape
+    body: SamplingRequest,
+    weights: ModelWeights,
+    settings: Settings,
+    shape: Shape,
+    chat: ChatRequest | None = None,
 ) -> Response:
-    task = build_task(settings, body, weights, shape.id)
+    task = build_task(settings, body, weights, shape.id, chat)
     answer = await start_inference(settings, task)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -69,17 +78,15 @@ async def _complete(
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
-    texts: list[str] = [""] * body.n
-    reasons: list[str | None] = [None] * body.n
+    choices = [Choice() for _ in range(body.n)]
     completion_tokens = 0
     async for message in answer.messages():
         if message["type"] == "delta":
-            for index, text, reason in message["choices"]:
-                texts[index] += text
-                reasons[index] = reason or reasons[index]
+            for index, piece, reason in message["choices"]:
+                choices[index].add(piece, reason)
         else:
             completion_tokens = int(message["completion_tokens"])
-    return JSONResponse(shape.completion(texts, reasons, usage(answer.prompt_tokens, completion_tokens)))
+    return JSONResponse(shape.completion(choices, usage(answer.prompt_tokens, completion_tokens)))
 
 
 def _frame(data: dict[str, Any]) -> bytes:
@@ -87,7 +94,7 @@ def _frame(data: dict[str, Any]) -> bytes:
 
 
 async def _stream(answer: Answer, shape: Shape, *, n: int, include_usage: bool) -> AsyncIterator[bytes]:
-    """OpenAI's SSE: one `data:` chunk per piece of text, a last one per choice with its finish reason,
+    """OpenAI's SSE: one `data:` chunk per piece (responses.py), a last one per choice with its finish reason,
     the usage if asked, then `data: [DONE]`. A failure mid-stream is an `error` chunk and no [DONE]
     (the status line is long gone), which the openai client raises as an APIError."""
     try:
@@ -96,9 +103,9 @@ async def _stream(answer: Answer, shape: Shape, *, n: int, include_usage: bool) 
                 yield _frame(shape.chunk(index, None, None, role=True))
         async for message in answer.messages():
             if message["type"] == "delta":
-                for index, text, reason in message["choices"]:
-                    if text:
-                        yield _frame(shape.chunk(index, text, None))
+                for index, piece, reason in message["choices"]:
+                    if piece:
+                        yield _frame(shape.chunk(index, piece, None))
                     if reason:
                         yield _frame(shape.chunk(index, None, reason))
             elif include_usage:

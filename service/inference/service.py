@@ -21,8 +21,8 @@ from service.base_models.weights import ModelWeights, find_model_weights
 from service.config import Settings
 from service.errors import RETRY_AFTER_SECONDS, AppError, BadRequest, NotFound, ServiceUnavailable
 from service.inference.replies import Message, ReplyChannelDown, ReplyReader, reply_reader
-from service.inference.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from service.inference.task import INFER_TASK, INFERENCE_QUEUE, InferenceTask
+from service.inference.schemas import CompletionRequest, SamplingRequest
+from service.inference.task import INFER_TASK, INFERENCE_QUEUE, ChatRequest, InferenceTask
 from service.queue import send_task
 
 
@@ -52,8 +52,13 @@ def resolve_weights(session: Session, settings: Settings, *, tenant_id: str, mod
 
 
 def build_task(
-    settings: Settings, request: SamplingRequest, weights: ModelWeights, request_id: str
+    settings: Settings,
+    request: SamplingRequest,
+    weights: ModelWeights,
+    request_id: str,
+    chat: ChatRequest | None = None,
 ) -> InferenceTask:
+    """The task for ``request`` (``chat``: a chat request's conversation, read by read_request)."""
     max_tokens, param = request.wanted_tokens()
     if max_tokens is not None and max_tokens > settings.inference_max_tokens:
         raise BadRequest(
@@ -72,8 +77,8 @@ def build_task(
         "seed": request.seed,
         "deadline": time.time() + settings.inference_timeout_seconds,
     }
-    if isinstance(request, ChatCompletionRequest):
-        return InferenceTask(kind="chat", messages=[m.plain() for m in request.messages], **common)
+    if chat is not None:
+        return InferenceTask(kind="chat", chat=chat, **common)
     assert isinstance(request, CompletionRequest)
     return InferenceTask(kind="text", prompt=request.prompt, **common)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -31,10 +32,31 @@ class DeviceInfo:
     name: str | None = None
     memory_bytes: int | None = None
 
+    def describe(self) -> str:
+        """What a job's event says it runs on.
+
+        >>> DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 80 * 2**30).describe()
+        'cuda: NVIDIA H100 80GB HBM3, 80.0 GiB'
+        >>> DeviceInfo("cpu", "x86_64", 16 * 2**30).describe()
+        'cpu: x86_64, 16.0 GiB RAM'
+        """
+        memory = "" if self.memory_bytes is None else f", {self.memory_bytes / 2**30:.1f} GiB"
+        if memory and self.kind == "cpu":
+            memory += " RAM"
+        return f"{self.kind}: {self.name or 'unknown'}{memory}"
+
 
 def advertise(
-    session: Session, *, worker_id: str, queue: str, gpus: int, device: DeviceInfo | None = None
+    session: Session,
+    *,
+    worker_id: str,
+    queue: str,
+    gpus: int,
+    device: DeviceInfo | None = None,
+    stats: dict[str, Any] | None = None,
 ) -> None:
+    """Write the worker's row; `stats`: its devices' live figures (worker/devices.py), for the workers
+    page and Prometheus."""
     device = device or DeviceInfo()
     row = session.get(Worker, worker_id)
     if row is None:
@@ -42,6 +64,7 @@ def advertise(
         session.add(row)
     row.queue, row.gpus, row.seen_at = queue, gpus, time.time()
     row.device, row.device_name, row.device_memory_bytes = device.kind, device.name, device.memory_bytes
+    row.stats = stats
 
 
 def retire(session: Session, *, worker_id: str) -> None:

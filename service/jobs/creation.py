@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from service.base_models.catalog import resolve_base_model
+from service.base_models.catalog import resolve_base_model, unknown_model_message
 from service.base_models.fine_tuned import find_final_checkpoint
 from service.base_models.modalities import model_modalities
 from service.base_models.tinker_checkpoints import find_tinker_checkpoint
@@ -192,9 +192,9 @@ def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
             param="model",
             code="model_not_found",
         )
-    if not is_fine_tuned and resolve_base_model(settings, spec.model) is None:
+    if not is_fine_tuned and resolve_base_model(settings, spec.model, session) is None:
         raise BadRequest(
-            f"model '{spec.model}' is not available for fine-tuning here; see GET /v1/models",
+            unknown_model_message(settings, spec.model, session),
             param="model",
             code="model_not_available",
         )

@@ -143,6 +143,31 @@ def _fit(
     )
 
 
+def _verdict(
+    fits: list[DeviceFit], hp: dict[str, Any], data: dict[str, Any] | None, tokens: TrainedTokens | None
+) -> tuple[bool | None, str | None]:
+    """Whether the job can run as asked, and why not: a run that trains no token is refused first (it
+    would "succeed" having learnt nothing), then one no live worker can hold."""
+    if data is not None and (int(data["trained_examples"]) == 0 or (tokens and tokens.loss_per_epoch == 0)):
+        dropped = data["dropped_lines"]
+        cut = (
+            f" (lines {', '.join(map(str, dropped[:5]))}{', ...' if len(dropped) > 5 else ''})"
+            if dropped
+            else ""
+        )
+        return False, (
+            f"the job would train nothing: no example keeps a token to train on at max_length "
+            f"{hp.get('max_length')}{cut}; raise max_length or check the assistant turns' weights"
+        )
+    if not fits:
+        return None, "no training worker is live: its memory is unknown"
+    if any(f.fits for f in fits):
+        return True, None
+    if all(f.fits is False for f in fits):
+        return False, "no live worker can hold it: " + "; ".join(str(f.reason) for f in fits)
+    return None, "the memory of the live workers is unknown"
+
+
 def _micro_batch(method: str, hp: dict[str, Any], data: dict[str, Any] | None) -> tuple[int, int, int]:
     """(rows, padded width, trained tokens) of the largest micro-batch: measured from the file where the
     worker tokenized it, else the bound the hyperparameters set."""
@@ -233,7 +258,11 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
     batch = _micro_batch(method, hp, data)
     image_tokens = int(data["micro_batch"].get("image_tokens", 0)) if data else 0
     queue = queue_for(settings.job_queue, checked.resources)
+    fits = [_fit(k, model, checked, hp, batch, image_tokens) for k in _worker_kinds(session, settings)]
+    verdict, why = _verdict(fits, hp, data, tokens)
     return EstimateObject(
+        fits=verdict,
+        reason=why,
         model=spec.model,
         method=method,
         examples=examples,
@@ -253,9 +282,7 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
         )
         if data and data.get("images_per_epoch")
         else None,
-        peak_memory_bytes=[
-            _fit(k, model, checked, hp, batch, image_tokens) for k in _worker_kinds(session, settings)
-        ],
+        peak_memory_bytes=fits,
         estimated_wall_time=_wall_time(
             session, model=spec.model, method=method, trained_tokens=tokens.total if tokens else None
         ),

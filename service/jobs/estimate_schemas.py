@@ -89,3 +89,7 @@ class EstimateObject(BaseModel):
     estimated_wall_time: WallTime
     queue_position: int  # if created now: 1 is the next job a free worker starts
     preview: list[list[PreviewSpan]]  # the first examples as trained: spans of trained / untrained text
+    # whether the job can run as asked: false when it would train nothing (no token left to train on) or
+    # fits no live worker; null when no live worker's memory is known
+    fits: bool | None = None
+    reason: str | None = None  # why fits is false or null

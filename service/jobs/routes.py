@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from service.auth import ApiKeyDep, KeyWatch, TenantDep
 from service.db_reads import CompiledRead
@@ -29,6 +30,17 @@ router = APIRouter(
 )
 # a route that names a job answers 404 for one that is not the caller's; a state change can also be 409
 _JOB = error_responses(404)
+
+
+class _JobId(StringConvertor):
+    """A job id as a path's last segment: any but `estimate`, the collection's own POST. OpenAPI matches
+    a concrete path before a templated one, so GET .../jobs/estimate is a 405 naming POST, not a lookup
+    of a job called "estimate" (Schemathesis' Allow check, issue 56)."""
+
+    regex = "(?!estimate$)[^/]+"
+
+
+register_url_convertor("job_id", _JobId())
 _STATE_CHANGE = error_responses(404, 409)
 
 
@@ -97,7 +109,7 @@ def list_jobs(
 _JOB_READ = CompiledRead(repository.job_read_query())
 
 
-@router.get("/{job_id}", response_model=JobObject, responses=_JOB)
+@router.get("/{job_id:job_id}", response_model=JobObject, responses=_JOB)
 async def retrieve_job(job_id: str, tenant: TenantDep) -> JobObject:
     # the call a polling dashboard makes most: no thread (bench/test_api_throughput.py)
     row = await read_row(_JOB_READ, {"job_id": job_id, "tenant_id": tenant.id})
@@ -165,7 +177,9 @@ def stream_job(
     tenant: TenantDep,
     key: ApiKeyDep,
     settings: SettingsDep,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", pattern=CURSOR_PATTERN)] = None,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", pattern=CURSOR_PATTERN, examples=["e12m40"])
+    ] = None,
 ) -> StreamingResponse:
     """Extension: events and metric rows as Server-Sent Events; resumable with `Last-Event-ID`. A stream
     whose API key is revoked or expires ends with an `error` event within 5 s."""

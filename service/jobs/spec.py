@@ -84,8 +84,29 @@ def _body_model(m: MethodDeclaration) -> type[BaseModel]:
 BODIES: dict[str, type[BaseModel]] = {name: _body_model(m) for name, m in METHODS.items()}
 
 
+def _one_body_per_type(schema: dict[str, Any]) -> None:
+    """The schema states `_one_body`: one variant per type, where `type` is that type, its own body may be
+    given (must be, for a method with a grader) and every other method's is absent or null."""
+    properties = schema.get("properties", {})
+    if not all(name in properties for name in METHOD_TYPES):
+        return  # MethodBase itself: no bodies to relate
+    variants = []
+    for name, declaration in METHODS.items():
+        own = properties[name]["anyOf"][0] if declaration.grader else properties[name]
+        others = {other: {"type": "null"} for other in METHOD_TYPES if other != name}
+        variants.append(
+            {
+                "properties": {"type": {"const": name}, name: own, **others},
+                "required": ["type", name] if declaration.grader else ["type"],
+            }
+        )
+    schema["oneOf"] = variants
+
+
 class MethodBase(_Strict):
     """`{"type": T, T: {...}}`; the concrete `Method` adds one optional body field per registry entry."""
+
+    model_config = ConfigDict(json_schema_extra=_one_body_per_type)
 
     type: str
 

@@ -59,9 +59,12 @@ _DB_NOT_NOW: tuple[type[Exception], ...] = (*DB_UNAVAILABLE_ERRORS, ServiceUnava
 log = logging.getLogger("tunehouse.api")
 
 
-# The `id:` of each frame. Nine digits a side: seq and step are 32-bit columns, and a bound a regular
-# expression can state exactly lets the OpenAPI document say which Last-Event-ID values are accepted.
-CURSOR_PATTERN = r"^e([0-9]{1,9})\.m([0-9]{1,9})$"
+# The `id:` of each frame, `e<event seq>m<metric step>`. Nine digits a side: seq and step are 32-bit
+# columns, and a bound a regular expression can state exactly lets the OpenAPI document say which
+# Last-Event-ID values are accepted. Letters and digits only, which any HTTP tool can put in a header
+# (Schemathesis generates header values from those alone, issue 56); the dotted `e12.m40` that earlier
+# versions sent is still accepted, so a stream cut by an upgrade resumes
+CURSOR_PATTERN = r"^e([0-9]{1,9})[.]?m([0-9]{1,9})$"
 _CURSOR = re.compile(CURSOR_PATTERN)
 
 
@@ -78,11 +81,11 @@ class Cursor:
             return cls()
         match = _CURSOR.match(raw)
         if match is None:
-            raise ValueError(f"'{raw[:40]}' is not a stream position (expected e<event>.m<step>)")
+            raise ValueError(f"'{raw[:40]}' is not a stream position (expected e<event>m<step>)")
         return cls(int(match[1]), int(match[2]))
 
     def __str__(self) -> str:
-        return f"e{self.event_seq}.m{self.metric_step}"
+        return f"e{self.event_seq}m{self.metric_step}"
 
 
 def key_recheck_seconds(settings: Settings) -> float:

@@ -3,8 +3,8 @@ the events themselves have OpenAI's shape (`{"object": "event", "id", "type", "c
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -14,6 +14,17 @@ from service.webhooks.events import EVENT_TYPES
 EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]  # built from the one list of types
 MAX_URL_LENGTH = 2048
 
+# What a receiver's URL may be, stated once for the server's check and the OpenAPI document (issue 56:
+# the document's pattern let through URLs the server refused). RFC 3986 in ASCII: http or https, an
+# optional user, a host name or IPv4 address (an IPv6 literal is not accepted: give the host a name), a
+# port of at most 65535, then any path, query and fragment without spaces or control characters.
+_HOST = r"[A-Za-z0-9\-._~!$&'()*+,;=%]+"
+_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+WEBHOOK_URL_PATTERN = (
+    rf"^[Hh][Tt][Tt][Pp][Ss]?://(?:[A-Za-z0-9\-._~!$&'()*+,;=%:]*@)?{_HOST}(?::{_PORT})?"
+    r"(?:[/?#][!-~]*)?$"
+)
+
 
 class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -22,8 +33,7 @@ class WebhookCreate(BaseModel):
         min_length=len("http://x"),
         max_length=MAX_URL_LENGTH,
         description="An http(s) URL that receives POSTed events",
-        # what `_http_url` requires first, stated in the schema (a host must follow: checked below)
-        json_schema_extra={"pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#]"},
+        json_schema_extra={"pattern": WEBHOOK_URL_PATTERN},  # checked by `_http_url`, which says why
     )
     # None (the default): every event type
     events: Annotated[list[EventType], Field(min_length=1, max_length=len(EVENT_TYPES))] | None = None
@@ -32,9 +42,11 @@ class WebhookCreate(BaseModel):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
+        if not re.fullmatch(WEBHOOK_URL_PATTERN, value):
+            raise ValueError(
+                "must be an http:// or https:// URL with a host name or IPv4 address, a port of at most "
+                "65535, and no spaces or control characters"
+            )
         return value
 
 

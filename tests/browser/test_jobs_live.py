@@ -195,7 +195,7 @@ def test_stream_resumes_with_last_event_id(
     key, client = tenant
     job_id = jobs["short"]
     assert wait_for(client, job_id)["status"] == "succeeded"
-    resume_from = "e0.m8"  # every event, the metrics after the 8 steps loaded as history
+    resume_from = "e0m8"  # every event, the metrics after the 8 steps loaded as history
     with client.stream(
         "GET", f"/v1/fine_tuning/jobs/{job_id}/stream", headers={"Last-Event-ID": resume_from}
     ) as response:

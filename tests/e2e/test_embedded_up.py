@@ -30,6 +30,9 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
             str(port),
             "--data-dir",
             str(tmp_path / "data"),
+            # no Redis: the embedded paths without one (replies through the data dir, streams polling
+            # the DB) stay covered here; tests/tinker/test_embedded.py runs `make run` with its Redis
+            "--no-tinker",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -52,6 +55,8 @@ def test_tunehouse_up_runs_the_demo_job(tmp_path: Path) -> None:
         assert "demo: asked the fine-tuned model 'What is the capital of France?'; it answers" in output
         key = re.search(r"API key: (\S+)", output)
         assert key is not None
+        assert "Tinker API: off (--no-tinker)" in output
+        assert f"  export TUNEHOUSE_API_KEY={key.group(1)}\n" in output
 
         headers = {"Authorization": f"Bearer {key.group(1)}"}
         jobs = httpx.get(f"http://127.0.0.1:{port}/v1/fine_tuning/jobs", headers=headers).json()["data"]

@@ -191,3 +191,22 @@ def test_a_preference_job_estimate_predicts_its_run(http: httpx.Client) -> None:
         assert answer_text in "".join(s["text"] for s in sequence if s["trained"])
         assert "What is 0 plus 0?" in "".join(s["text"] for s in sequence if not s["trained"])
     _trains_as_estimated(http, body, estimate)
+
+
+def test_a_job_that_would_train_nothing_does_not_fit(http: httpx.Client) -> None:
+    """Every example's answer lies past max_length: the job would "succeed" having trained nothing, so the
+    estimate answers fits: false and says why (it used to say the job fits)."""
+    prompt = "Tell me everything you know, in order, at length: " + " ".join(str(i) for i in range(30))
+    rows = [{"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "ok"}]}] * 3
+    file_id = upload_ok(http, rows)
+    estimate = http.post("/v1/fine_tuning/jobs/estimate", json=_body(file_id, max_length=8)).json()
+    assert estimate["trained_examples"] == 0
+    assert estimate["fits"] is False
+    assert estimate["reason"] == (
+        "the job would train nothing: no example keeps a token to train on at max_length 8 (lines 1, 2, 3); "
+        "raise max_length or check the assistant turns' weights"
+    )
+    # the same file with room for the answers runs
+    assert (
+        http.post("/v1/fine_tuning/jobs/estimate", json=_body(file_id, max_length=200)).json()["fits"] is True
+    )

@@ -107,7 +107,7 @@ def test_lora_jobs_share_one_process_and_train_as_alone(tenants: Callable[[], ht
         worker = started[0]["data"]["worker"]
         assert re.fullmatch(r"[^:\s]+:\d+", worker), worker  # host:pid, the worker's id
         assert re.fullmatch(
-            rf"Job started on worker {re.escape(worker)} \(attempt 1\), "
+            rf"Job started on worker {re.escape(worker)} \[cpu: [^\]]+\] \(attempt 1\), "
             r"sharing one copy of its base model with [0-2] other job\(s\)",
             started[0]["message"],
         ), started[0]["message"]
@@ -172,6 +172,8 @@ def test_the_shared_process_dying_restarts_each_job_from_its_checkpoint(
         assert job["status"] == "succeeded", job
         messages = [e["message"] for e in _events(http, job_id)]
         assert any("Resuming from the checkpoint at step" in m for m in messages), messages
+        restarted = "Job restarted (1 of 3): its shared-base trainer was killed by SIGKILL (out of memory"
+        assert any(m.startswith(restarted) for m in messages), messages
         steps = sorted(
             int(r["step"]) for r in all_pages(http, f"/v1/fine_tuning/jobs/{job_id}/metrics") if "loss" in r
         )

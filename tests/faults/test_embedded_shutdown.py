@@ -1,5 +1,5 @@
-"""`tunehouse up` stopped by SIGTERM (systemd, docker stop) exits and takes its API and worker with it:
-no orphan keeps the port or the embedded database."""
+"""`tunehouse up` stopped by SIGTERM (systemd, docker stop) exits and takes its API, workers, Tinker host
+and private redis-server with it: no orphan keeps the port or the embedded database."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def test_up_stops_its_children_on_sigterm(tmp_path: Path) -> None:
             assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
             lines.append(proc.stdout.readline())
         children = _children(proc.pid)
-        assert len(children) == 3, children  # the API, the training worker and the inference worker
+        # its private redis-server, the API, the training worker, the inference worker and the Tinker host
+        assert len(children) == 5, children
+        assert (tmp_path / "data" / "endpoint.json").exists()  # where the CLI finds this server
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
 
         signalled = time.monotonic()
@@ -57,6 +59,7 @@ def test_up_stops_its_children_on_sigterm(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stdout.read()
         leftover = [pid for pid in children if _alive(pid)]
         assert not leftover, f"orphans after SIGTERM: {leftover}"
+        assert not (tmp_path / "data" / "endpoint.json").exists()  # the CLI no longer points at it
         with httpx.Client() as client:
             try:
                 client.get(f"http://127.0.0.1:{port}/healthz", timeout=2)

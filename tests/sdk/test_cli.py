@@ -238,3 +238,25 @@ def test_keys_list_revoke_and_expiry(api_url: str, capsys: pytest.CaptureFixture
     assert files_status(brief_key) == (401, "expired_api_key")
     statuses = json.loads(cli("keys", "list", "--tenant", tenant, "--json")[1])
     assert [r["status"] for r in statuses] == ["revoked", "active", "expired"]
+
+
+CLIENT_ONLY = """
+import sys
+# a client-only install (`pip install tunehouse`: httpx and pydantic): the server's packages are absent
+for name in ("fastapi", "sqlalchemy", "alembic", "celery", "uvicorn", "pydantic_settings", "torch"):
+    sys.modules[name] = None
+from tunehouse.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", [["up", "--no-demo"], ["keys", "list"], ["models", "add", "org/name"]])
+def test_a_client_only_install_says_what_to_install(command: list[str], tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT_ONLY, *command, "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "install tunehouse[server] (pip install 'tunehouse[server]')" in done.stderr, done.stderr

@@ -61,9 +61,11 @@ def test_the_same_resources_and_methods(clients: tuple[tunehouse.Client, tunehou
     assert sorted(sync_resources) == sorted(async_resources)
     # the walk found the whole tree (a resource attached under another name would show up here)
     assert sorted(sync_resources) == [
+        "client.chat.completions",
         "client.files",
         "client.fine_tuning.jobs",
         "client.fine_tuning.jobs.checkpoints",
+        "client.models",
         "client.webhooks",
     ]
     for path, resource in sync_resources.items():
@@ -97,7 +99,7 @@ def test_each_method_has_its_twins_signature(clients: tuple[tunehouse.Client, tu
             assert sig.parameters["timeout"].kind is inspect.Parameter.KEYWORD_ONLY, where
             assert sig.parameters["timeout"].default is None, where
             checked += 1
-    assert checked == 23  # files 5, jobs 11, checkpoints 2, webhooks 5
+    assert checked == 28  # files 5, jobs 11, checkpoints 2, webhooks 5, models 3, chat 2
 
 
 def test_creates_take_an_idempotency_key(clients: tuple[tunehouse.Client, tunehouse.AsyncClient]) -> None:

@@ -28,8 +28,10 @@ from tunehouse._download import Download
 from tunehouse._pagination import PageRequest
 from tunehouse._resource import _Method
 from tunehouse._streaming import EventStream
+from tunehouse.resources.chat import ChatStream, _Completions
 from tunehouse.resources.files import _Files
 from tunehouse.resources.jobs import _Checkpoints, _Jobs
+from tunehouse.resources.models import _Models
 from tunehouse.resources.webhooks import _Webhooks
 
 Schema = dict[str, Any]
@@ -46,13 +48,16 @@ ANSWERS: dict[type[BaseModel], tuple[str, str, bool]] = {
     sdk_types.Checkpoint: ("get", "/v1/fine_tuning/jobs/{job_id}/checkpoints", True),
     sdk_types.MetricRow: ("get", "/v1/fine_tuning/jobs/{job_id}/metrics", True),
     sdk_types.WebhookDelivery: ("get", "/v1/webhooks/{webhook_id}/deliveries", True),
+    sdk_types.Model: ("get", "/v1/models/{model_id}", False),
+    sdk_types.ModelDeleted: ("delete", "/v1/models/{model_id}", False),
 }
 # the server's list answers are `{"type": "object", "additionalProperties": true}`: their items unstated
 UNSTATED = {sdk_types.JobEvent, sdk_types.Checkpoint, sdk_types.MetricRow, sdk_types.WebhookDelivery}
 # checked as a field of another model: JobError in FineTuningJob.error, WebhookAttempt in WebhookDelivery
-NESTED = {sdk_types.JobError, sdk_types.WebhookAttempt}
+NESTED = {sdk_types.JobError, sdk_types.WebhookAttempt, sdk_types.ModelTrainable}
 # items of the SSE stream (text/event-stream: OpenAPI has no schema for its events)
-NO_SCHEMA = {sdk_types.StreamEnd}
+# and the chat completion answers, which service/inference states no schema of (JSON or an SSE stream)
+NO_SCHEMA = {sdk_types.StreamEnd, sdk_types.ChatCompletion, sdk_types.ChatCompletionChunk}
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +156,7 @@ def test_every_sdk_model_is_accounted_for() -> None:
         for value in vars(sdk_types).values()
         if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == sdk_types.__name__
     }
-    models.discard(sdk_types._Object)
+    models -= {sdk_types._Object, sdk_types._ChatAnswer}
     assert models == set(ANSWERS) | NESTED | NO_SCHEMA
 
 
@@ -201,7 +206,14 @@ def test_the_comparison_catches_a_drift(openapi: Schema) -> None:
 
 # -- requests -----------------------------------------------------------------------------------
 
-RESOURCES = {"files": _Files, "jobs": _Jobs, "checkpoints": _Checkpoints, "webhooks": _Webhooks}
+RESOURCES = {
+    "files": _Files,
+    "jobs": _Jobs,
+    "checkpoints": _Checkpoints,
+    "webhooks": _Webhooks,
+    "models": _Models,
+    "chat.completions": _Completions,
+}
 # a value for each parameter type of the resource methods, to build every request with every field set
 SAMPLES: dict[str, Any] = {
     "str": "x",
@@ -212,6 +224,7 @@ SAMPLES: dict[str, Any] = {
     "dict[str, Any] | None": {"k": 1},
     "list[dict[str, Any]] | None": [{"k": 1}],
     "list[str] | None": ["x"],
+    "list[dict[str, Any]]": [{"role": "user", "content": "x"}],
     "FileInput": b"x",
     "str | Path": Path("unused.tar"),
     "Progress | None": None,
@@ -229,6 +242,8 @@ def _requests(op: Any) -> Iterator[APIRequest[Any]]:
     elif isinstance(op, PageRequest):
         yield op.request
         yield op.after("x").request
+    elif isinstance(op, ChatStream):
+        yield op.request
     elif isinstance(op, EventStream):
         yield op._request("e1.m1")
     elif isinstance(op, Download):

@@ -6,6 +6,8 @@ import email.message
 import email.utils
 import hashlib
 import json
+import socket
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -37,11 +39,14 @@ def test_upload_list_retrieve_content_delete(client: httpx.Client) -> None:
     assert obj["bytes"] == len(data) and obj["filename"] == "chat.jsonl" and obj["purpose"] == "fine-tune"
     assert obj["status"] == "processed" and obj["format"] == "chat" and obj["line_count"] == 5
     assert obj["sha256"] == hashlib.sha256(data).hexdigest()
+    # OpenAI's file object has expires_at an integer, status_details a string, neither required: a file
+    # that does not expire and has no details leaves them out rather than send a null (issue 56)
+    assert "expires_at" not in obj and "status_details" not in obj
 
     assert client.get(f"/v1/files/{obj['id']}").json() == obj
     assert client.get(f"/v1/files/{obj['id']}/content").content == data
     listing = client.get("/v1/files").json()
-    assert listing["object"] == "list" and [f["id"] for f in listing["data"]] == [obj["id"]]
+    assert listing["object"] == "list" and listing["data"] == [obj]
 
     deleted = client.delete(f"/v1/files/{obj['id']}")
     assert deleted.json() == {"id": obj["id"], "object": "file", "deleted": True}
@@ -100,6 +105,50 @@ def test_size_limit_is_enforced_while_streaming(client: httpx.Client) -> None:
     response = upload(client, data)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "file_too_large"
+    assert _blob_count() == blobs_before
+
+
+@pytest.mark.parametrize("path", ["/v1/files", "/v1/fine_tuning/jobs"])
+def test_a_body_announced_over_the_limit_is_refused_before_it_is_sent(
+    api_url: str, api_key: str, path: str
+) -> None:
+    """A request whose Content-Length announces 10 GB is answered 413 at once, from its headers: the
+    server does not wait for a body it would refuse (issue 56: the client timed out on the upload)."""
+    host, port = urlsplit(api_url).hostname, urlsplit(api_url).port
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {api_key}\r\n"
+            "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 10737418240\r\n\r\n".encode()
+        )
+        answer = b""
+        while not answer.endswith(b"}}"):  # no body sent: a server waiting for it times this out
+            answer += sock.recv(65536)
+    status, _, rest = answer.decode().partition("\r\n")
+    assert status.startswith("HTTP/1.1 413 "), answer
+    error = json.loads(rest.split("\r\n\r\n", 1)[1])["error"]
+    assert error["code"] in ("file_too_large", "request_too_large") and "10737418240" in error["message"]
+
+
+def test_an_upload_streaming_past_its_bound_is_refused(client: httpx.Client) -> None:
+    """Without a Content-Length, the upload counts what streams in: past its file's limit and the most
+    multipart framing can add (padding after the closing boundary, here), it is a 413 and stores nothing."""
+    boundary = "b0undary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nfine-tune\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="t.jsonl"\r\n\r\n'
+        ).encode()
+        + jsonl(chat_rows(1))
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    blobs_before = _blob_count()
+    response = client.post(
+        "/v1/files",
+        content=iter([body, *[b"\r\n" * (512 * 1024)] * 8]),  # 8 MiB after the end
+        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == "request_too_large"
     assert _blob_count() == blobs_before
 
 

@@ -4,9 +4,14 @@ driven by httpx and by the official `openai` client."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -136,12 +141,29 @@ def test_run_errors_name_the_field(client: httpx.Client) -> None:
     assert error["param"] == "item"
 
 
-def test_python_grader_runs_sandboxed_and_reports_its_errors() -> None:
+def test_python_grader_runs_sandboxed_and_reports_its_errors(tmp_path: Path) -> None:
     """With the operator's opt-in (a server of its own): scores come from the tenant's code; an exception
-    in it is OpenAI's python_grader_runtime_error, not a failed request."""
-    from tests.conftest import new_key
+    in it is OpenAI's python_grader_runtime_error, not a failed request. Issue 56's probes, sent as
+    graders, are each denied by the sandbox: not the API's environment (its metrics token), not its data
+    dir, database or Redis, and nothing they start outlives the run."""
+    from sqlalchemy.engine import make_url
 
-    url, proc = start_server({"TUNEHOUSE_ALLOW_PYTHON_GRADER": "1"})
+    from tests.conftest import DATA_DIR, PG_SERVER, REDIS, new_key
+    from tests.trainers.rewards.sandbox_probes import PROBES, context, lingering, shared_memory
+
+    ports = {"postgres_port": make_url(PG_SERVER).port or 5432, "redis_port": urlsplit(REDIS).port or 6379}
+    root = Path(__file__).resolve().parents[2]  # the installation dir
+    probed = context(tmp_path, f"probe-{os.urandom(4).hex()}", install_dir=root, **ports)
+    probed.update(data_dir=str(DATA_DIR), marker="service.app:app")  # the API's own, as a tenant finds them
+    probed["shm_id"], remove_shared_memory = shared_memory()
+    url, proc = start_server(
+        {
+            "TUNEHOUSE_ALLOW_PYTHON_GRADER": "1",
+            "TUNEHOUSE_PYTHON_GRADER_TIMEOUT_SECONDS": "3",
+            "TUNEHOUSE_PYTHON_GRADER_MEMORY_MB": "256",
+            "TUNEHOUSE_METRICS_TOKEN": probed["secret"],
+        }
+    )
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {new_key()}"}, timeout=60) as c:
             source = "def grade(sample, item):\n    return len(sample['output_text']) / item['n']"
@@ -159,6 +181,41 @@ def test_python_grader_runs_sandboxed_and_reports_its_errors() -> None:
                 errors["python_grader_runtime_error"]
                 and "ZeroDivisionError" in errors["python_grader_runtime_error_details"]
             )
+            for name, probe in PROBES.items():
+                grader = {"type": "python", "name": "probe", "source": probe}
+                run = c.post(RUN, json={"grader": grader, "model_sample": "x", "item": probed})
+                assert run.status_code == 200, (name, run.text)
+                assert run.json()["reward"] == 0.0, (name, run.json())
+                assert lingering(probed) == [], name
+    finally:
+        remove_shared_memory()
+        _stop(proc)
+
+
+def test_python_graders_refuse_to_start_without_a_sandbox(tmp_path: Path) -> None:
+    """Enabled on a host without bubblewrap (here: a PATH without it), the API does not start and says
+    why; with the operator's explicit unsafe flag it starts, and tenant code then runs unsandboxed."""
+    from sqlalchemy.engine import make_url
+
+    from tests.conftest import PG_SERVER, free_port, new_key
+    from tests.trainers.rewards.sandbox_probes import PROBES
+
+    enabled = {**os.environ, "TUNEHOUSE_ALLOW_PYTHON_GRADER": "1", "PATH": str(tmp_path)}
+    command = [sys.executable, "-m", "uvicorn", "service.app:app", "--port", str(free_port())]
+    refused = subprocess.run(command, env=enabled, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode != 0
+    assert (
+        "TUNEHOUSE_ALLOW_PYTHON_GRADER=1 runs tenant code in a bubblewrap sandbox, which this host cannot "
+        "provide: bubblewrap is not installed" in refused.stderr
+    ), refused.stderr
+
+    url, proc = start_server({**enabled, "TUNEHOUSE_PYTHON_GRADER_UNSAFE_NO_SANDBOX": "1"})
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {new_key()}"}, timeout=60) as c:
+            grader = {"type": "python", "name": "probe", "source": PROBES["connect to PostgreSQL"]}
+            item = {"postgres_port": make_url(PG_SERVER).port or 5432}
+            run = c.post(RUN, json={"grader": grader, "model_sample": "x", "item": item})
+            assert run.json()["reward"] == 1.0, run.json()  # what the flag's name warns of
     finally:
         _stop(proc)
 
@@ -287,3 +344,15 @@ def test_a_run_grades_in_a_child_under_the_python_graders_limits() -> None:
             assert _rss_kb(proc.pid) - rss_before < 50_000, "the API process grew: it graded in itself"
     finally:
         _stop(proc)
+
+
+def test_a_grader_on_the_sampled_tool_calls_runs_on_a_text_sample(client: httpx.Client) -> None:
+    """``{{sample.output_tools[0].function.name}}`` (OpenAI's way to grade a tool call) validates; a
+    ``model_sample`` is text, a reply without calls, so the call's name reads as nothing."""
+    called = {**EXACT, "input": "{{sample.output_tools[0].function.name}}", "reference": "get_weather"}
+    assert client.post(VALIDATE, json={"grader": called}).status_code == 200
+    run = client.post(RUN, json={"grader": called, "model_sample": "get_weather"})
+    assert run.status_code == 200, run.text
+    assert run.json()["reward"] == 0.0
+    bad = {**called, "input": "{{sample.output_json}}"}
+    assert _error(client.post(VALIDATE, json={"grader": bad}))["param"] == "grader.input"

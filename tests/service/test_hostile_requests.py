@@ -508,6 +508,31 @@ CASES: list[Case] = [
         ),
     ),
     Case(
+        "mp-boundary-71",
+        "POST",
+        "/v1/files",
+        param="file",
+        needle="boundary is longer than 70",
+        content_type="multipart/form-data; boundary=" + "b" * 71,
+        raw=_upload(jsonl(chat_rows(1))).replace(BOUNDARY.encode(), b"b" * 71),
+    ),
+    Case(
+        "mp-9-header-lines",
+        "POST",
+        "/v1/files",
+        param="file",
+        needle="more than 8 header lines",
+        raw=_multipart(
+            _part("purpose", b"fine-tune"),
+            _part(
+                "file",
+                jsonl(chat_rows(1)),
+                raw_disposition=b'form-data; name="file"; filename="t.jsonl"'
+                + b"".join(b"\r\nX-H%d: v" % i for i in range(8)),
+            ),
+        ),
+    ),
+    Case(
         "mp-field-too-long",
         "POST",
         "/v1/files",
@@ -649,6 +674,11 @@ CASES: list[Case] = [
     Case("put-files-405", "PUT", "/v1/files", status=405, check=_allow({"GET", "POST"})),
     Case("patch-job-405", "PATCH", "/v1/fine_tuning/jobs/{job}", status=405, check=_allow({"GET"})),
     Case("delete-jobs-405", "DELETE", "/v1/fine_tuning/jobs", status=405, check=_allow({"GET", "POST"})),
+    # `estimate` is the collection's own path, not a job id (OpenAPI: concrete before templated paths)
+    Case("get-estimate-405", "GET", "/v1/fine_tuning/jobs/estimate", status=405, check=_allow({"POST"})),
+    Case(
+        "options-estimate-405", "OPTIONS", "/v1/fine_tuning/jobs/estimate", status=405, check=_allow({"POST"})
+    ),
     Case("unknown-route", "GET", "/v1/assistants", status=404),
     Case(
         "cancel-cancelled-409",

@@ -344,3 +344,18 @@ def test_a_job_trains_on_the_images_its_file_fetched(
     config.images_dir = None
     with pytest.raises(DataError, match=r"line 1: field 'messages\[1\].content\[1\].image_url.url': an http"):
         train_sft(config, JsonlRows(local, param="training_file"))
+
+
+def test_the_catalogue_says_a_vision_base_takes_images_and_what_trains_it(
+    vision_models: dict[str, Path],
+) -> None:
+    from service.base_models.details import model_details
+
+    details = model_details(vision_models["idefics3"])
+    assert details["modalities"] == ["text", "image"]
+    assert details["trainable"] == {
+        "methods": ["supervised", "dpo"],
+        "lora": True,
+        "full": True,
+        "quantization": [],
+    }

@@ -16,6 +16,12 @@ import redis
 from tests.conftest import IDLE_BROKER, IDLE_QUEUE, _stop, free_port, start_server
 
 CHAT = {"model": "tunehouse/tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object"}},
+}
+TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+BAD_ARGUMENTS = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{city"}}
 
 
 @pytest.mark.parametrize(
@@ -34,6 +40,25 @@ CHAT = {"model": "tunehouse/tiny-llama", "messages": [{"role": "user", "content"
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
         ({"logprobs": True}, "logprobs"),  # not supported: refused, not ignored
         ({"model": ""}, "model"),
+        # the chat row, read by trainers.chat.rows: each problem named where it is
+        ({"messages": [{"role": "user", "content": "hi"}, TOOL_RESULT]}, "messages[1].role"),
+        ({"messages": [{"role": "assistant", "content": None}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [BAD_ARGUMENTS]}]},
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools[0].function.name"),
+        ({"tools": [WEATHER], "functions": [WEATHER["function"]]}, "functions"),
+        ({"tools": [WEATHER], "parallel_tool_calls": "perhaps"}, "parallel_tool_calls"),
+        # tool_choice: OpenAI's values, with tools, naming one of them
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "any"}, "tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice.function.name",
+        ),
+        ({"functions": [WEATHER["function"]], "function_call": {"name": "x"}}, "function_call.name"),
+        ({"tools": [WEATHER], "tool_choice": "auto", "function_call": "auto"}, "function_call"),
     ],
 )
 def test_bad_chat_parameters_are_400s_naming_them(

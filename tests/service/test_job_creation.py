@@ -183,7 +183,9 @@ def test_a_model_this_server_does_not_have_is_refused(tenant: Tenant) -> None:
     error = _refused(tenant, {"training_file": _file(tenant), "model": "someone/else"})
     assert isinstance(error, BadRequest)
     assert (error.message, error.param, error.code) == (
-        "model 'someone/else' is not available for fine-tuning here; see GET /v1/models",
+        "model 'someone/else' is not a base model of this deployment; GET /v1/models lists them. An "
+        "operator adds one with `tunehouse models add someone/else` (a hub id, with HF_TOKEN for a gated "
+        "model, or a local folder)",
         "model",
         "model_not_available",
     )

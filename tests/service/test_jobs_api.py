@@ -356,14 +356,22 @@ def test_empty_checkpoints_and_metrics(client: httpx.Client, train_file: str) ->
 def test_models_list(client: httpx.Client) -> None:
     body = client.get("/v1/models").json()
     assert body["object"] == "list"
-    assert {
-        "id": MODEL,
+    tiny = next(m for m in body["data"] if m["id"] == MODEL)
+    assert {k: tiny[k] for k in ("object", "owned_by", "architecture", "context_length", "modalities")} == {
         "object": "model",
-        "created": body["data"][0]["created"],
         "owned_by": "tunehouse",
-    } in body["data"]
-    assert client.get(f"/v1/models/{MODEL}").json()["id"] == MODEL
-    assert _error(client.get("/v1/models/nope"), 404)["param"] == "model"
+        "architecture": "LlamaForCausalLM",
+        "context_length": 2048,
+        "modalities": ["text"],
+    }
+    assert tiny["trainable"]["methods"][:2] == ["supervised", "dpo"] and tiny["trainable"]["lora"]
+    assert tiny["chat_template"].startswith("{{ bos_token }}")
+    assert client.get(f"/v1/models/{MODEL}").json() == tiny
+    error = _error(client.get("/v1/models/tunehouse/tiny-lama"), 404)
+    assert error["param"] == "model"
+    # an unknown name says what it may have meant and how an operator adds a model
+    assert "(did you mean 'tunehouse/tiny-llama'?)" in error["message"]
+    assert "`tunehouse models add tunehouse/tiny-lama`" in error["message"]
 
 
 def test_health_and_prometheus(api_url: str, api_key: str) -> None:
@@ -459,3 +467,29 @@ def test_every_method_takes_several_gpus_and_fsdp(client: httpx.Client, method: 
         response = _create(client, model=MODEL, training_file=training_file, method=body, resources=resources)
         assert response.status_code == 200, response.text
         assert response.json()["resources"]["strategy"] == resources.get("strategy", "ddp")
+
+
+@pytest.mark.parametrize(
+    ("method", "param", "hint"),
+    [
+        ({"type": "supervised", "supervised": {"hyperparameters": {"n_epoch": 2}}}, "n_epoch", "n_epochs"),
+        (
+            {"type": "grpo", "grpo": {"hyperparameters": {"num_generation": 4}}},
+            "num_generation",
+            "num_generations",
+        ),
+        ({"type": "grpoo"}, "method.type", "grpo"),
+    ],
+)
+def test_a_mistyped_method_or_hyperparameter_says_what_it_may_mean(
+    client: httpx.Client, train_file: str, method: dict[str, Any], param: str, hint: str
+) -> None:
+    error = _error(_create(client, model=MODEL, training_file=train_file, method=method))
+    assert error["param"].endswith(param)
+    assert error["message"].endswith(f" (did you mean '{hint}'?)"), error["message"]
+
+
+def test_an_unlike_name_gets_no_suggestion(client: httpx.Client, train_file: str) -> None:
+    method = {"type": "supervised", "supervised": {"hyperparameters": {"zzz": 1}}}
+    error = _error(_create(client, model=MODEL, training_file=train_file, method=method))
+    assert error["message"] == "unknown parameter 'method.supervised.hyperparameters.zzz'"

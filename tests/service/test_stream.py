@@ -294,12 +294,23 @@ def test_a_committed_event_wakes_a_stream_and_the_jobs_end_ends_it(
     assert frames[-1].startswith("event: end") and '"status": "succeeded"' in frames[-1]
 
 
+def test_a_stream_position_is_letters_and_digits_and_the_dotted_one_still_resumes() -> None:
+    """`e<seq>m<step>`, which every HTTP tool can send back as Last-Event-ID (Schemathesis generates
+    header values of letters and digits only: issue 56); earlier versions sent `e<seq>.m<step>`, which a
+    stream cut by an upgrade resumes from."""
+    assert str(Cursor(12, 40)) == "e12m40" and Cursor.parse("e12m40") == Cursor(12, 40)
+    assert Cursor.parse("e12.m40") == Cursor(12, 40)
+    for bad in ("e12..m40", "e12-m40", "12m40", "e1234567890m1"):
+        with pytest.raises(ValueError, match="not a stream position"):
+            Cursor.parse(bad)
+
+
 def test_a_live_message_sends_its_new_rows_and_stops_at_a_gap() -> None:
     cursor = Cursor(metric_step=1)
     rows = [{"step": s, "loss": 1.0} for s in (1, 2, 3)]  # step 1 came already (from the DB, say)
     frames, gap = stream._live_frames(rows, cursor)
     assert [json.loads(f.decode().split("data: ")[1])["step"] for f in frames] == [2, 3] and not gap
-    assert cursor.metric_step == 3 and b"id: e0.m3" in frames[-1]
+    assert cursor.metric_step == 3 and b"id: e0m3" in frames[-1]
     evaluation = [{"step": 3, "valid_loss": 0.5}, {"step": 4, "loss": 0.9}]  # joins its step, sent again
     frames, gap = stream._live_frames(evaluation, cursor)
     assert len(frames) == 2 and not gap and cursor.metric_step == 4

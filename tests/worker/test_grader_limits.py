@@ -44,3 +44,11 @@ def test_a_multi_names_its_sub_grader(tmp_path: Path) -> None:
     with pytest.raises(GraderError) as failure:
         _grader(tmp_path, multi)(["q"], ["x"], r=["r" * 10_000])
     assert failure.value.param == "method.grpo.grader.graders.copies.reference"
+
+
+def test_a_path_into_a_list_is_measured_by_what_it_reaches(tmp_path: Path) -> None:
+    """``{{item.r[1]}}`` copies the list's second entry, not the list: measured as that entry."""
+    grader = _grader(tmp_path, {**REPEATED, "reference": "{{item.r[1]}}" * 1000})
+    assert grader(["q"], ["x"], r=[["r" * 10_000, "ab"]]) == [0.0]  # 2,000 characters expanded: graded
+    with pytest.raises(GraderError):
+        grader(["q"], ["x"], r=[["ab", "r" * 10_000]])

@@ -77,7 +77,14 @@ def test_steps_rerun_after_a_restart_get_no_second_event(tmp_path: Path) -> None
         metrics = {m.step: m.values for m in rows}
     assert steps == [1, 2, 3, 4, 5, 6, 7, 8]
     assert sorted(metrics) == list(range(1, 9))
-    assert metrics[5] == {"loss": 0.2, "logged_at": metrics[5]["logged_at"], "valid_loss": 0.5}
+    # beside the step's own values, when it was logged and the trainer's memory (worker/devices.py)
+    assert metrics[5] == {
+        "loss": 0.2,
+        "logged_at": metrics[5]["logged_at"],
+        "rss_bytes": metrics[5]["rss_bytes"],
+        "valid_loss": 0.5,
+    }
+    assert metrics[5]["rss_bytes"] > 10 * 2**20
 
 
 def test_an_epoch_end_lived_again_after_a_restart_gets_no_second_event(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ the chat template, the row's tools and its generation prompt) or ``{"prompt": st
 column handed to the reward functions. ``generate_rollout`` samples ``num_generations`` completions per prompt
 in one ``model.generate`` call (KV cache, prompts left-padded, stop at EOS), seeded so that a resumed run
 draws the same completions. A completion's mask covers its tokens up to and including EOS; a completion
-without EOS is ``truncated``.
+without EOS is ``truncated``. Each completion is read with the model's chat format
+(``trainers.chat.formats``), so that graders read its content, reasoning and tool calls
+(``trainers.rewards.samples``: ``{{sample.output_text}}``, ``{{sample.output_tools}}``).
 
 ``completion_logps`` gives log p(o_t | q, o_<t) of each completion token under a model, with logits
 divided by the sampling temperature, as the policy-gradient losses need. Where the model's decoder runs
@@ -36,13 +38,15 @@ from trainers.core import distributed as dist
 from trainers.core.errors import DataError
 from trainers.core.loop import PreparedStep
 from trainers.data.chat import prompt_text, read_errors
+from trainers.data.chat_prompt import chat_format
 from trainers.data.example_store import ExampleWriter
 from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
 from trainers.data.sft import _bos_text, first_row_kind, row_errors, rows_of_kind
 from trainers.formats import FileFormat, Shape
 from trainers.kernels.merged_lora import merged_lora
-from trainers.modeling.generation import SamplingProcessor, contiguous_head_input
+from trainers.modeling.generation import SamplingProcessor, contiguous_head_input, marker_decoder
 from trainers.modeling.loading import decoder_and_head, packed_hidden_states, pair_packing, runs_packed
+from trainers.rewards.samples import Completion
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ class Rollout:
     completion_mask: torch.Tensor
     truncated: torch.Tensor
     prompts: list[str]  # one per completion
-    completions: list[str]  # decoded without special tokens
+    # decoded without special tokens but the chat format's markers, each with what the format read from it
+    completions: list[Completion]
     columns: dict[str, list[Any]]  # one entry per completion
 
     @property
@@ -241,7 +246,13 @@ def generate_rollout(
     completion_ids = output[:, prompt_ids.size(1) :]
     mask, truncated = completion_mask_from_eos(completion_ids, eos_id)
     completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    # each completion read with the model's chat format, for graders (content, reasoning, tool calls)
+    fmt = chat_format(tokenizer)
+    decode = marker_decoder(tokenizer, fmt.markers)
+    completions = [
+        Completion.read(decode(row[: int(n)].tolist()), fmt, p.text)
+        for row, n, p in zip(completion_ids.cpu(), mask.sum(dim=1).cpu(), repeated, strict=True)
+    ]
     keys = {k for p in prompts for k in p.columns}
     return Rollout(
         prompt_ids=prompt_ids,
@@ -250,7 +261,7 @@ def generate_rollout(
         completion_mask=mask,
         truncated=truncated,
         prompts=[p.text for p in repeated],
-        completions=[str(t) for t in texts],
+        completions=completions,
         columns={k: [p.columns.get(k) for p in repeated] for k in sorted(keys)},
     )
 

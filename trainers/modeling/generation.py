@@ -5,6 +5,8 @@ sampler behind `/v1/chat/completions` (worker/inference.py).
 no padding is needed) with the KV cache, one decoding step at a time, and yields the text each choice
 gained at that step: the API streams it as it comes. Stop strings are matched on decoded text, and text
 that might be the start of a stop string (or half a UTF-8 character) is held back until it is not.
+Special tokens are left out of the text, but for the markers a chat format reads (``keep``: gpt-oss's
+``<|channel|>``, Llama's ``<|python_tag|>``), which ``trainers.chat.formats`` reads the reply from.
 RL rollouts sample through `model.generate` instead (trainers/families/rollout.py): they need whole batches of
 token ids and masks, not text as it is produced.
 """
@@ -12,7 +14,7 @@ token ids and masks, not text as it is produced.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +97,19 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str,
     """The chat rendered by the tokenizer's template, with the assistant's generation prompt."""
     rendered: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
     return [int(t) for t in rendered["input_ids"]]
+
+
+def marker_decoder(tokenizer: PreTrainedTokenizerBase, keep: Sequence[str]) -> Callable[[list[int]], str]:
+    """Token ids to text without special tokens, except the tokens of ``keep`` (a chat format's markers
+    that are special tokens of this tokenizer; those that are not are text anyway)."""
+    if not keep:
+        return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
+    added = tokenizer.get_added_vocab()
+    kept = {added[m] for m in keep if m in added}
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    dropped = special - kept
+    return lambda ids: str(tokenizer.decode([i for i in ids if i not in dropped], skip_special_tokens=False))
 
 
 def stop_token_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
@@ -182,13 +197,22 @@ class Generation:
     """`n` completions of one prompt, decoded as they are sampled.
 
     `run` yields, at each step, `(index, new_text, finish_reason)` for each choice that gained text or
-    ended there; afterwards `texts`, `finish_reasons` and `completion_tokens` hold the totals.
+    ended there; afterwards `texts`, `finish_reasons` and `completion_tokens` hold the totals. `keep`:
+    the special tokens to keep in the text (``marker_decoder``).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, n: int, stop: Sequence[str]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, *, n: int, stop: Sequence[str], keep: Sequence[str] = ()
+    ) -> None:
         self.tokenizer = tokenizer
+        self.decode = marker_decoder(tokenizer, keep)
         self.stop = [s for s in stop if s]
         self.choices = [_Choice() for _ in range(n)]
+
+    def end(self, index: int, reason: str) -> None:
+        """End choice ``index`` now, with ``reason`` (its reader has all it wants of it): it decodes no
+        further, and the run stops once every choice has ended."""
+        self.choices[index].finish_reason = reason
 
     @property
     def texts(self) -> list[str]:
@@ -256,7 +280,7 @@ class Generation:
         if choice.finish_reason is not None:
             return None
         choice.ids.append(token)
-        text = str(self.tokenizer.decode(choice.ids, skip_special_tokens=True))
+        text = self.decode(choice.ids)
         hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if hits:
             choice.finish_reason, end = "stop", min(hits)

@@ -19,25 +19,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from tokenizers.trainers import BpeTrainer
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-TINY_MODEL_NAME = "tunehouse/tiny-llama"
+from trainers.tiny_spec import BOS, CHAT_TEMPLATE, EOS, PAD, ROLE_TOKENS, SPECIAL_TOKENS
 
 ASSETS_DIR = Path(__file__).parents[1] / "assets"
 CORPUS_PATH = ASSETS_DIR / "tiny_corpus.txt"
 DEMO_SFT_PATH = ASSETS_DIR / "demo_sft.jsonl"
-
-BOS, EOS, PAD = "<|begin|>", "<|end|>", "<|pad|>"
-ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
-SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS]
-
-# Each turn is `<|role|>\ncontent<|end|>`; an assistant turn ends on the EOS token so generation stops
-# there. No text follows `<|end|>`, so the trainable span of an assistant turn ends exactly on EOS.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-)
 
 # 512 = 256 byte symbols + 6 special tokens + ~250 merges: enough merges that common words are one token.
 VOCAB_SIZE = 512

@@ -33,10 +33,8 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor,
 from transformers.processing_utils import ProcessorMixin
 
 from trainers.chat.images import parse_data_url
-from trainers.chat.rows import read_chat
 from trainers.core.checkpoint import MODEL_DIR
 from trainers.core.errors import DataError
-from trainers.data.chat import prompt_text
 from trainers.modalities import VISION_FAMILIES, part_of, takes_images
 from trainers.modeling.loading import ModelSettings, lora_base_dtype, restore_adapter
 
@@ -202,19 +200,14 @@ def load_vision_for_serving(
 
 
 def vision_prompt(
-    processor: ProcessorMixin, messages: list[dict[str, Any]], *, n: int
+    processor: ProcessorMixin, text: str, images: list[str], *, n: int
 ) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """A chat's prompt for generating ``n`` replies from a vision model: its token ids (images expanded by
-    the processor's own call) and the model's other inputs for the ``n`` rows (pixels, per-token types).
-    The messages are read as a training row's (``trainers.chat.rows``: a ``RowProblem`` names what is
-    wrong) and rendered by the model's template with its generation prompt; images as data URLs."""
-    chat = read_chat(messages, "messages")
-    text = prompt_text(processor.tokenizer, chat)
-    images = [_decoded(ref.url) for ref in chat.images]
-    if not images:
-        ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return [int(t) for t in ids], {}
-    out = processor(text=[text] * n, images=[images] * n, return_tensors="pt", add_special_tokens=False)
+    """A chat's prompt (``text``, rendered by the model's template with a placeholder per image) for
+    generating ``n`` replies from a vision model: its token ids, each image (a data URL, in order)
+    expanded by the processor's own call, and the model's other inputs for the ``n`` rows (pixels,
+    per-token types)."""
+    pictures = [_decoded(url) for url in images]
+    out = processor(text=[text] * n, images=[pictures] * n, return_tensors="pt", add_special_tokens=False)
     ids = [int(t) for t in out["input_ids"][0]]
     return ids, {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
 

@@ -13,13 +13,17 @@ list of them plus optional weights. ``build_grader`` turns an OpenAI-shaped grad
 - ``multi``: ``{"graders": {"a": {...}, ...}, "calculate_output": "0.5 * a + 0.5 * b"}``, the formula
   allowing numbers, + - * /, the sub-graders' names, ``min``, ``max`` and ``abs``;
 - ``python``: ``{"source": "def grade(sample, item) -> float: ..."}``, tenant code: refused unless the
-  operator passes ``allow_python=True``, run in a separate isolated process (``python -I``) per batch,
-  under a wall-time and an address-space limit.
+  operator passes ``allow_python=True``, run per batch in an operating-system sandbox
+  (``trainers.rewards.sandbox``: no network, no other processes, no files but a read-only runtime and a
+  private /tmp, uid 65534) under wall-time, CPU, process and address-space limits.
 
-Templates: ``{{sample.output_text}}`` is the completion, ``{{item.FIELD}}`` a column of the row (dotted
-paths reach into objects); text without ``{{...}}`` is a literal. ``validate_grader`` checks a spec
-without running anything (the API calls it when a job is created); ``GraderError.param`` names the
-offending field, e.g. ``"grader.graders.a.operation"``.
+Templates: ``{{sample.output_text}}`` is the completion's content (without its reasoning or tool-call
+markup), ``{{sample.output_tools}}`` its tool calls as a chat completion's ``tool_calls``
+(``trainers.rewards.samples``; ``{{sample.output_tools[0].function.name}}``, empty where the completion
+calls no tool), ``{{item.FIELD}}`` a column of the row; dotted paths reach into objects and ``[i]`` into
+lists, a value that is not a string is written as JSON; text without ``{{...}}`` is a literal.
+``validate_grader`` checks a spec without running anything (the API calls it when a job is created);
+``GraderError.param`` names the offending field, e.g. ``"grader.graders.a.operation"``.
 
     python -c "from trainers.rewards.graders import build_grader; g = build_grader({'type': 'string_check',
     'name': 'n', 'operation': 'like', 'input': '{{sample.output_text}}', 'reference': 'Lima'});
@@ -29,10 +33,13 @@ offending field, e.g. ``"grader.graders.a.operation"``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +49,9 @@ from typing import Any, Protocol
 
 from trainers.core.errors import DataError
 from trainers.rewards import formula as formula_checker
+from trainers.rewards import sandbox
 from trainers.rewards.formula import eval_formula
+from trainers.rewards.samples import SAMPLE_FIELDS, sample_namespace
 
 __all__ = [
     "GRADER_TYPES",
@@ -58,7 +67,8 @@ __all__ = [
 GRADER_TYPES = ("string_check", "text_similarity", "score_model", "multi", "python")
 STRING_OPERATIONS = ("eq", "ne", "like", "ilike")
 SIMILARITY_METRICS = ("fuzzy_match", "bleu")
-_TEMPLATE = re.compile(r"\{\{\s*(sample|item)\.([A-Za-z0-9_.\-]+)\s*\}\}")
+_TEMPLATE = re.compile(r"\{\{\s*(sample|item)\.([A-Za-z0-9_.\-]+(?:\[\d+\][A-Za-z0-9_.\-]*)*)\s*\}\}")
+_PATH_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
 _BRACED = re.compile(r"\{\{.*?\}\}")
 
 
@@ -87,26 +97,50 @@ def reward_name(func: Callable[..., Any], index: int) -> str:
 
 
 # -- templates ----------------------------------------------------------------------------------------
+def path_parts(path: str) -> list[str | int]:
+    """A template variable's path as keys and list indexes.
+
+    >>> path_parts("output_tools[0].function.name")
+    ['output_tools', 0, 'function', 'name']
+    """
+    return [int(index) if index else key for index, key in _PATH_PART.findall(path)]
+
+
+def lookup(value: Any, path: str) -> tuple[bool, Any]:
+    """(whether ``path`` reaches something in ``value``, what it reaches)."""
+    for part in path_parts(path):
+        in_list = isinstance(value, list) and isinstance(part, int) and part < len(value)
+        if not in_list and not (isinstance(value, Mapping) and part in value):
+            return False, None
+        value = value[part]
+    return True, value
+
+
 def render(template: str, completion: str, item: Mapping[str, Any], *, param: str) -> str:
-    """Substitute ``{{sample.output_text}}`` and ``{{item.FIELD}}`` in ``template``.
+    """Substitute ``{{sample.*}}`` and ``{{item.*}}`` in ``template``.
 
     >>> render("{{ item.answer }}!", "x", {"answer": "Lima"}, param="p")
     'Lima!'
     >>> render("{{sample.output_text}}", "It is Lima", {}, param="p")
     'It is Lima'
+    >>> render("[{{sample.output_tools[0].function.name}}]", "It is Lima", {}, param="p")
+    '[]'
     """
+    sample: dict[str, Any] | None = None
 
     def substitute(match: re.Match[str]) -> str:
+        nonlocal sample
         scope, path = match.group(1), match.group(2)
         if scope == "sample":
-            if path != "output_text":
+            if path_parts(path)[0] not in SAMPLE_FIELDS:
                 raise GraderError(f"unknown template variable sample.{path}", param)
-            return completion
-        value: Any = item
-        for key in path.split("."):
-            if not isinstance(value, Mapping) or key not in value:
-                raise GraderError(f"the row has no field item.{path}", param)
-            value = value[key]
+            sample = sample_namespace(completion) if sample is None else sample
+            # what the sample lacks (a tool call it did not make) reads as nothing: it scores, not fails
+            found, value = lookup(sample, path)
+            return "" if not found else value if isinstance(value, str) else json.dumps(value)
+        found, value = lookup(item, path)
+        if not found:
+            raise GraderError(f"the row has no field item.{path}", param)
         return value if isinstance(value, str) else json.dumps(value)
 
     return _TEMPLATE.sub(substitute, template)
@@ -277,13 +311,17 @@ class MultiGrader:
 
 
 # -- python ---------------------------------------------------------------------------------------------
-# Runs in the child (`python -I`): limits first, then the tenant code; the child's stdout carries only the
-# result (the tenant's prints go to stderr).
+# Runs in the child (`python -I -S`): its rlimits first (trainers.rewards.sandbox.limits_json), then the
+# tenant code; the child's stdout carries only STARTED and the result (the tenant's prints go to stderr).
+# No STARTED: the child never reached the tenant's code, so the sandbox (or the host) failed, not it.
+_STARTED = "started"
 _RUNNER = r"""
 import json, math, os, resource, sys
-limit = int(sys.argv[1])
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+limits = json.loads(sys.argv[1])
+for name, value in limits.items():
+    resource.setrlimit(getattr(resource, name), (value, value))
 out = os.fdopen(os.dup(1), "w")
+out.write("started\n"); out.flush()  # _STARTED
 os.dup2(2, 1)
 def reply(payload):
     out.write(json.dumps(payload)); out.flush(); os._exit(0)
@@ -299,7 +337,7 @@ try:
             reply({"error": f"grade() returned {value!r} for sample {i}; expected a finite number"})
         scores.append(float(value))
 except MemoryError:
-    reply({"error": "ran out of memory (limit %d MiB)" % (limit >> 20)})
+    reply({"error": "ran out of memory (limit %d MiB)" % (limits["RLIMIT_AS"] >> 20)})
 except BaseException as exc:
     reply({"error": f"{type(exc).__name__}: {exc}"})
 reply({"scores": scores})
@@ -307,11 +345,16 @@ reply({"scores": scores})
 
 
 class PythonGrader:
-    """Tenant code ``def grade(sample, item) -> float`` run in one isolated child process per batch.
+    """Tenant code ``def grade(sample, item) -> float`` run in one sandboxed child process per batch.
 
-    ``sample`` is ``{"output_text": completion}``, ``item`` the row's columns. The child runs under
-    ``python -I`` in an empty folder with an empty environment and ``RLIMIT_AS`` of ``memory_mb``; it is
-    killed after ``timeout`` seconds. Any failure raises ``GraderError``, which fails the job.
+    ``sample`` is the completion's ``{"output_text", "output_tools"}`` (``trainers.rewards.samples``),
+    ``item`` the row's columns. The child runs under
+    ``python -I -S`` in the operating-system sandbox of ``trainers.rewards.sandbox`` (its own namespaces,
+    a read-only runtime and a private /tmp, uid 65534, capped processes, CPU and ``memory_mb`` of
+    address space per process); it and everything it started is killed after ``timeout`` seconds.
+    ``sandbox=False`` (the operator's explicit unsafe choice) runs it as the caller's uid with only the
+    rlimits, in an empty temp folder with an empty environment. A failure of the tenant's code raises
+    ``GraderError``, which fails the job; a sandbox the host cannot build raises ``SandboxUnavailable``.
 
     >>> source = "def grade(sample, item):\\n    return len(sample['output_text'])"
     >>> grader = PythonGrader("length", source, timeout=30, memory_mb=1024)
@@ -326,48 +369,88 @@ class PythonGrader:
         *,
         timeout: float,
         memory_mb: int,
+        sandbox: bool = True,
         param: str = "grader",
     ) -> None:
         self.__name__ = name
         self.source, self.timeout, self.memory_mb, self.param = source, timeout, memory_mb, param
+        self.sandbox = sandbox
 
     def __call__(self, prompts: list[str], completions: list[str], **columns: list[Any]) -> list[float]:
-        payload = {
-            "source": self.source,
-            "samples": [{"output_text": c} for c in completions],
-            "items": _items(len(completions), columns),
-        }
-        command = [sys.executable, "-I", "-c", _RUNNER, str(self.memory_mb << 20)]
-        with tempfile.TemporaryDirectory(prefix="grader-") as cwd:
-            try:
-                proc = subprocess.run(
-                    command,
-                    input=json.dumps(payload, default=str),
-                    capture_output=True,
-                    text=True,
-                    timeout=self.timeout,
-                    cwd=cwd,
-                    env={},
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise GraderError(
-                    f"python grader {self.__name__!r} timed out after {self.timeout:g} s "
-                    f"({len(completions)} samples)",
-                    self.param,
-                ) from exc
+        payload = json.dumps(
+            {
+                "source": self.source,
+                "samples": [sample_namespace(c) for c in completions],
+                "items": _items(len(completions), columns),
+            },
+            default=str,
+        )
+        limits = sandbox.limits_json(sandbox.Limits(seconds=self.timeout, memory_mb=self.memory_mb))
+        if self.sandbox:
+            argv = sandbox.command([sandbox.interpreter(), "-I", "-S", "-c", _RUNNER, limits])
+        else:
+            argv = [sys.executable, "-I", "-c", _RUNNER, limits]
         try:
-            result = json.loads(proc.stdout) if proc.stdout else None
+            proc = _run(argv, payload, self.timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise GraderError(
+                f"python grader {self.__name__!r} timed out after {self.timeout:g} s "
+                f"({len(completions)} samples)",
+                self.param,
+            ) from exc
+        started, _, reply = proc.stdout.partition("\n")
+        detail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        if started != _STARTED:
+            raise sandbox.SandboxUnavailable(f"the python grader's child did not start: {detail}")
+        try:
+            result = json.loads(reply) if reply else None
         except json.JSONDecodeError:
             result = None
         if not isinstance(result, dict):
-            detail = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-            raise GraderError(f"python grader {self.__name__!r} crashed: {detail[0]}", self.param)
+            if proc.returncode == -signal.SIGXCPU:
+                detail = f"used its {self.timeout:g} s of CPU"
+            raise GraderError(f"python grader {self.__name__!r} crashed: {detail}", self.param)
         if "error" in result:
             raise GraderError(f"python grader {self.__name__!r} failed: {result['error']}", self.param)
         scores = result["scores"]
         assert isinstance(scores, list) and len(scores) == len(completions)
         return [float(s) for s in scores]
+
+
+# after a timeout, how long the child's output may take to close: the sandbox's processes hold it until
+# the kernel has killed them (milliseconds); a process that escaped the unsandboxed child's group, longer
+_DRAIN_SECONDS = 2.0
+
+
+def _run(argv: list[str], stdin: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`argv` fed `stdin`, in an empty temp folder with an empty environment and a process group of its
+    own, which is killed at the end. Sandboxed, that group is bubblewrap, whose death takes the sandbox's
+    init and with it every process in the sandbox; unsandboxed (the operator's unsafe choice) it is the
+    child and what it started, but for a process that left the group (`setsid`)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="grader-") as cwd,
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env={},
+            start_new_session=True,
+        ) as proc,
+    ):
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # returns once they are all dead
+                proc.communicate(timeout=_DRAIN_SECONDS)
+            raise
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 # -- specs ----------------------------------------------------------------------------------------------
@@ -394,14 +477,18 @@ def validate_grader(spec: Any, *, param: str = "grader", allow_python: bool = Tr
         for key in ("input", "reference"):
             value = _require(spec, key, param)
             for match in _TEMPLATE.finditer(value):
-                if match.group(1) == "sample" and match.group(2) != "output_text":
-                    raise GraderError(f"unknown template variable sample.{match.group(2)}", f"{param}.{key}")
+                if match.group(1) == "sample" and path_parts(match.group(2))[0] not in SAMPLE_FIELDS:
+                    known = ", ".join(f"sample.{f}" for f in SAMPLE_FIELDS)
+                    raise GraderError(
+                        f"unknown template variable sample.{match.group(2)} (known: {known})",
+                        f"{param}.{key}",
+                    )
             # a `{{...}}` that is not a variable would be compared as literal text: surely a typo
             for braced in _BRACED.findall(value):
                 if not _TEMPLATE.fullmatch(braced):
                     raise GraderError(
-                        f"{braced} is not a template variable; use {{{{sample.output_text}}}} or "
-                        "{{item.<field>}}",
+                        f"{braced} is not a template variable; use {{{{sample.output_text}}}}, "
+                        "{{sample.output_tools}} or {{item.<field>}}",
                         f"{param}.{key}",
                     )
     if kind == "string_check" and spec.get("operation") not in STRING_OPERATIONS:
@@ -441,6 +528,7 @@ def build_grader(
     allow_python: bool = False,
     python_timeout: float = 30.0,
     python_memory_mb: int = 1024,
+    python_sandbox: bool = True,
     param: str = "grader",
 ) -> RewardFunc:
     """The reward function a grader spec describes (validated first).
@@ -461,7 +549,12 @@ def build_grader(
         return ScoreModel(name, spec["model"], param=param)
     if kind == "python":
         return PythonGrader(
-            name, spec["source"], timeout=python_timeout, memory_mb=python_memory_mb, param=param
+            name,
+            spec["source"],
+            timeout=python_timeout,
+            memory_mb=python_memory_mb,
+            sandbox=python_sandbox,
+            param=param,
         )
     graders = {
         sub: build_grader(
@@ -469,6 +562,7 @@ def build_grader(
             allow_python=allow_python,
             python_timeout=python_timeout,
             python_memory_mb=python_memory_mb,
+            python_sandbox=python_sandbox,
             param=f"{param}.graders.{sub}",
         )
         for sub, s in spec["graders"].items()

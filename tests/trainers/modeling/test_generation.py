@@ -205,3 +205,32 @@ def test_text_that_may_start_a_stop_string_is_held_back_until_it_does_not() -> N
     assert pieces[-1] == ("ENx", None)  # it did not: sent with the next character
     generation, pieces = feed("xyEND")
     assert pieces[-1] == ("", "stop") and generation.texts == ["xy"]
+
+
+def test_a_choice_ended_by_its_reader_decodes_no_further(loaded: tuple[Any, Any]) -> None:
+    """``end``: the reply has all it wants of a choice (its one tool call): its text stops there, the
+    other choices go on, and the run ends with the last of them."""
+    model, tokenizer = loaded
+    generation = Generation(tokenizer, n=2, stop=())
+    steps = generation.run(
+        model, chat_prompt_ids(tokenizer, CHAT), max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0
+    )
+    first = next(steps)
+    generation.end(0, "tool_calls")
+    rest = list(steps)
+    assert [u[0] for u in first] == [0, 1]
+    assert all(index == 1 for step in rest for index, _, _ in step)
+    assert len(generation.choices[0].ids) == 1 and generation.finish_reasons[0] == "tool_calls"
+    assert len(generation.choices[1].ids) == 8 or generation.finish_reasons[1] == "stop"
+
+
+def test_a_chat_format_s_markers_are_kept_and_other_special_tokens_dropped() -> None:
+    from tests.model_families import family_tokenizer
+    from trainers.chat.formats import HARMONY
+    from trainers.modeling.generation import marker_decoder
+
+    tokenizer = family_tokenizer("gpt-oss")
+    text = "<|channel|>final<|message|>Hi<|return|><|endoftext|>"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert marker_decoder(tokenizer, HARMONY.markers)(ids) == "<|channel|>final<|message|>Hi<|return|>"
+    assert marker_decoder(tokenizer, ())(ids) == "finalHi"  # as skip_special_tokens has it

@@ -226,6 +226,7 @@ def test_multi_formula_is_restricted(formula: str, message: str) -> None:
 SC = {"type": "string_check", "name": "x", "operation": "eq", "input": OUT, "reference": "a"}
 TS = {"type": "text_similarity", "name": "x", "input": OUT, "reference": "a", "evaluation_metric": "bleu"}
 SUB = {"type": "multi", "graders": {"a": SC}, "calculate_output": "a"}
+KNOWN = "(known: sample.output_text, sample.output_tools)"
 
 
 @pytest.mark.parametrize(
@@ -240,11 +241,16 @@ SUB = {"type": "multi", "graders": {"a": SC}, "calculate_output": "a"}
         ({**SC, "name": ""}, "name must be a non-empty string", "g.name"),
         ({**SC, "name": 3}, "name must be a non-empty string", "g.name"),
         ({**SC, "reference": None}, "reference must be a non-empty string", "g.reference"),
-        ({**SC, "input": "{{sample.text}}"}, "unknown template variable sample.text", "g.input"),
-        ({**TS, "reference": "{{sample.answer}}"}, "unknown template variable sample.answer", "g.reference"),
+        ({**SC, "input": "{{sample.text}}"}, f"unknown template variable sample.text {KNOWN}", "g.input"),
+        (
+            {**TS, "reference": "{{sample.answer}}"},
+            f"unknown template variable sample.answer {KNOWN}",
+            "g.reference",
+        ),
         (
             {**TS, "input": "{{ output }}"},
-            "{{ output }} is not a template variable; use {{sample.output_text}} or {{item.<field>}}",
+            "{{ output }} is not a template variable; use {{sample.output_text}}, {{sample.output_tools}} or "
+            "{{item.<field>}}",
             "g.input",
         ),
         (
@@ -388,10 +394,13 @@ def test_python_grader_runs_isolated_in_an_empty_folder_with_no_environment() ->
         "def grade(sample, item):\n"
         "    folder = os.path.basename(os.getcwd())\n"
         "    return (1 * (sys.flags.isolated == 1) + 2 * (os.listdir('.') == [])\n"
-        "            + 4 * folder.startswith('grader-') + 8 * (set(os.environ) <= {'LC_CTYPE'}))\n"
+        "            + 4 * folder.startswith(item['folder'])\n"
+        "            + 8 * (set(os.environ) <= {'LC_CTYPE', 'PWD'}))\n"
     )
-    grader = build_grader({**PY, "source": source}, allow_python=True)
-    assert grader(["q"], ["a"]) == [15.0]  # python -I, in a fresh temp folder, with an empty environment
+    sandboxed = build_grader({**PY, "source": source}, allow_python=True)
+    assert sandboxed(["q"], ["a"], folder=["tmp"]) == [15.0]  # python -I, in the sandbox's own /tmp
+    unsafe = build_grader({**PY, "source": source}, allow_python=True, python_sandbox=False)
+    assert unsafe(["q"], ["a"], folder=["grader-"]) == [15.0]  # the unsafe flag: a fresh host temp folder
 
 
 def test_python_grader_runs_when_allowed() -> None:

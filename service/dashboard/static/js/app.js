@@ -10,6 +10,7 @@ import { renderJobs } from './views/jobs.js';
 import { renderNewJob } from './views/newjob.js';
 import { renderSignIn } from './views/signin.js';
 import { renderTinker } from './views/tinker.js';
+import { renderWorkers } from './views/workers.js';
 
 const main = document.getElementById('main');
 let cleanup = null;
@@ -37,6 +38,7 @@ function route(event) {
     new: () => renderNewJob(main, params),
     compare: () => renderCompare(main, params),
     tinker: () => renderTinker(main),
+    workers: () => renderWorkers(main),
     jobs: () => (parts[1] ? renderJob(main, parts[1], params) : renderJobs(main, params)),
   }[parts[0] || 'jobs'];
   if (!view) {

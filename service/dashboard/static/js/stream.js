@@ -64,7 +64,7 @@ export class JobStream {
     this.controller = new AbortController();
     try {
       const last = await this.history();
-      if (last) this.lastId = `e0.m${last}`;
+      if (last) this.lastId = `e0m${last}`;
     } catch (e) {
       if (this.closed || e.name === 'AbortError') return;
       // no history: the stream replays it all
