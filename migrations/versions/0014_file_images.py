@@ -1,7 +1,7 @@
 """files.images, files.image_examples: the image parts of a training file's rows (issue 55)
 
-Revision ID: 0013_file_images
-Revises: 0012_tinker_runs
+Revision ID: 0014_file_images
+Revises: 0013_base_model_catalogue
 Create Date: 2026-12-01 08:00:00
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013_file_images"
-down_revision: str | None = "0012_tinker_runs"
+revision: str = "0014_file_images"
+down_revision: str | None = "0013_base_model_catalogue"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
