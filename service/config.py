@@ -13,6 +13,8 @@ from typing import Any
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainers.chat.images import DEFAULT_LIMITS as DEFAULT_IMAGE_LIMITS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TUNEHOUSE_", extra="ignore")
@@ -76,6 +78,21 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 512 * 1024 * 1024
     min_examples: int = 1
     upload_chunk_bytes: int = 1024 * 1024
+    # images in training rows (docs/vision.md): OpenAI's limits by default (trainers/chat/images.py),
+    # each a setting; an upload decodes one image at a time, at most image_max_pixels x 4 bytes
+    image_max_bytes: int = Field(default=DEFAULT_IMAGE_LIMITS.max_bytes, ge=1)
+    image_max_per_example: int = Field(default=DEFAULT_IMAGE_LIMITS.max_per_example, ge=1)
+    image_max_examples: int = Field(default=DEFAULT_IMAGE_LIMITS.max_image_examples, ge=0)
+    image_formats: list[str] = Field(default_factory=lambda: list(DEFAULT_IMAGE_LIMITS.formats))
+    image_modes: list[str] = Field(default_factory=lambda: list(DEFAULT_IMAGE_LIMITS.modes))
+    image_max_pixels: int = Field(default=DEFAULT_IMAGE_LIMITS.max_pixels, ge=1)
+    image_max_aspect_ratio: float = Field(default=DEFAULT_IMAGE_LIMITS.max_aspect_ratio, ge=1)
+    # http(s) image URLs are fetched once, at upload (service/files/fetch.py): a whole fetch's time,
+    # its redirects, and whether private, loopback and link-local addresses may be fetched (off: a
+    # tenant's file must not reach inside the operator's network)
+    image_fetch_timeout_seconds: float = Field(default=10.0, gt=0)
+    image_fetch_max_redirects: int = Field(default=3, ge=0, le=20)
+    image_fetch_allow_private: bool = False
 
     # operator's model registry: {"name": "/local/path", ...}; the tiny demo model is always listed
     model_registry: dict[str, str] = Field(default_factory=dict)

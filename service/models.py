@@ -47,6 +47,9 @@ class File(Base):
     format: Mapped[str] = mapped_column(String(40))
     blob_key: Mapped[str] = mapped_column(String(500))
     created_at: Mapped[int] = mapped_column(BigInteger, default=now)
+    # image parts of its rows, and the rows with any (docs/vision.md); a job refuses them on a text model
+    images: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    image_examples: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     __table_args__ = (Index("ix_files_tenant_id_id", "tenant_id", "id"),)
 
 

@@ -54,6 +54,11 @@ MAX_UPLOAD_BYTES = 2 * 1024 * 1024
 # template, TRL's copy): the stacks train and estimate chat rows with tools and reasoning on it
 CHAT_MODEL = "tunehouse/tiny-qwen3-chat"
 CHAT_MODEL_DIR = DATA_DIR / "models" / "tiny-qwen3-chat"
+# tiny vision-language bases of the families tests/vision_families.py builds (by `vision_models`)
+VISION_MODELS = {"gemma3": "tunehouse/tiny-gemma3-vision", "idefics3": "tunehouse/tiny-idefics3-vision"}
+VISION_MODEL_DIRS = {
+    family: DATA_DIR / "models" / name.split("/")[1] for family, name in VISION_MODELS.items()
+}
 METRICS_TOKEN = "test-operator-token"
 
 os.environ.update(
@@ -64,7 +69,12 @@ os.environ.update(
         "TUNEHOUSE_DATA_DIR": str(DATA_DIR),
         "TUNEHOUSE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
         "TUNEHOUSE_METRICS_TOKEN": METRICS_TOKEN,
-        "TUNEHOUSE_MODEL_REGISTRY": json.dumps({CHAT_MODEL: str(CHAT_MODEL_DIR)}),
+        "TUNEHOUSE_MODEL_REGISTRY": json.dumps(
+            {
+                CHAT_MODEL: str(CHAT_MODEL_DIR),
+                **{VISION_MODELS[f]: str(VISION_MODEL_DIRS[f]) for f in VISION_MODELS},
+            }
+        ),
         "TUNEHOUSE_HEARTBEAT_SECONDS": "1",
         "TUNEHOUSE_LEASE_TIMEOUT_SECONDS": "10",
         "TUNEHOUSE_CONTROL_POLL_SECONDS": "0.2",
@@ -189,6 +199,14 @@ def chat_model() -> str:
 
         build_family("qwen3", CHAT_MODEL_DIR)
     return CHAT_MODEL
+
+
+@pytest.fixture(scope="session")
+def vision_models() -> dict[str, Path]:
+    """The tiny vision-language bases (``VISION_MODELS``), built once per test process: family -> folder."""
+    from tests.vision_families import build
+
+    return {family: build(family, folder) for family, folder in VISION_MODEL_DIRS.items()}
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,12 @@ What one device holds at the peak of a step, by part:
 - ``reference``: the frozen copy of the policy a full-weight preference or RL job computes its reference
   with (a LoRA job's reference is the adapter-disabled base: nothing more).
 
+A vision-language base (``trainers.modalities``) adds its vision tower and projector (``VisionShape``): their
+weights always; their gradients, optimizer state and the tower's activations for its patches (``image
+tokens x patches_per_image_token``) only where the job trains them (``train_vision_tower``,
+``train_projector``: frozen by default, and a frozen tower keeps nothing for backward). The images' tokens
+in the text are tokens of the sequences like any other (the estimate counts them in ``row_width``).
+
 FSDP divides weights, gradients and optimizer state by the ranks; activations stay per rank.
 The per-layer coefficients count the tensors autograd keeps in a Llama-style layer with
 ``trainers.kernels.activation_memory`` installed; ``tests/trainers/test_memory_model.py`` holds them to
@@ -24,8 +30,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
+
+from trainers.modalities import patches_per_image_token
 
 Device = Literal["cpu", "cuda"]
 
@@ -39,8 +47,62 @@ _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "dow
 
 
 @dataclass(frozen=True)
+class VisionShape:
+    """The parts of a vision-language config's ``vision_config`` that size its tower and projector."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    patches_per_token: float  # patches the tower encodes per image token of the text
+    text_hidden_size: int
+    embedding_params: int = 0  # the patch embedding, and learnt positions where the tower has them
+    concatenates: bool = True  # the projector takes a token's patches side by side (Gemma 3 pools them)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], text_hidden: int) -> VisionShape | None:
+        vision = config.get("vision_config")
+        if not isinstance(vision, Mapping) or not isinstance(vision.get("hidden_size"), int):
+            return None
+        layers = vision.get("num_hidden_layers", vision.get("depth"))
+        hidden = int(vision["hidden_size"])
+        patch = int(vision.get("patch_size") or 14)
+        embedding = int(vision.get("num_channels", vision.get("in_channels", 3))) * patch * patch * hidden
+        embedding *= int(vision.get("temporal_patch_size") or 1)  # Qwen's patches span two frames
+        if isinstance(vision.get("image_size"), int):  # learnt positions (SigLIP); Qwen's are rotary
+            embedding += (int(vision["image_size"]) // patch) ** 2 * hidden
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(vision.get("intermediate_size") or 4 * hidden),
+            num_layers=int(layers) if isinstance(layers, int) else 0,
+            patches_per_token=patches_per_image_token(config),
+            text_hidden_size=text_hidden,
+            embedding_params=embedding,
+            concatenates=config.get("model_type") != "gemma3",
+        )
+
+    @property
+    def tower_linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one tower layer: attention's four, the MLP's two."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (h, i), "fc2": (i, h)}
+
+    @property
+    def tower_params(self) -> int:
+        layer = sum(a * b + b for a, b in self.tower_linears.values()) + 4 * self.hidden_size  # + 2 norms
+        return self.num_layers * layer + self.embedding_params
+
+    @property
+    def projector_params(self) -> int:
+        """The projection of a token's patch features (side by side, or pooled) into the language
+        model's width."""
+        width = round(self.hidden_size * self.patches_per_token) if self.concatenates else self.hidden_size
+        return width * self.text_hidden_size
+
+
+@dataclass(frozen=True)
 class ModelShape:
-    """The parts of a transformers config (``config.json``) that size a decoder's memory."""
+    """The parts of a transformers config (``config.json``) that size a decoder's memory (a vision-language
+    config's ``text_config``, and its ``vision``)."""
 
     hidden_size: int
     intermediate_size: int
@@ -50,10 +112,15 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     tie_word_embeddings: bool
+    vision: VisionShape | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
         """From a ``config.json`` dict; ``ValueError`` naming the first missing key."""
+        text = config.get("text_config")
+        if isinstance(text, Mapping):  # a vision-language model: its language model's config
+            shape = cls.from_config({"tie_word_embeddings": config.get("tie_word_embeddings", False), **text})
+            return replace(shape, vision=VisionShape.from_config(config, shape.hidden_size))
         for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
             if not isinstance(config.get(key), int):
                 raise ValueError(f"model config has no integer {key!r}")
@@ -122,6 +189,10 @@ class TrainingShape:
     ranks: int = 1
     sharded: bool = False  # fsdp: weights, gradients and optimizer state split over the ranks
     device: Device = "cpu"
+    # a vision base: image tokens of the largest micro-batch, and what of the tower trains
+    image_tokens: int = 0
+    train_vision_tower: bool = False
+    train_projector: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,18 +234,43 @@ def _layer_activation_vectors(model: ModelShape, job: TrainingShape) -> float:
     return float(vectors)
 
 
+def _vision_parts(model: ModelShape, job: TrainingShape) -> tuple[int, int, float]:
+    """A vision base's (parameters, trainable parameters, activation bytes) beyond its language model."""
+    vision = model.vision
+    if vision is None:
+        return 0, 0, 0.0
+    trainable = vision.projector_params if job.train_projector else 0
+    activations = 0.0
+    patches = job.image_tokens * vision.patches_per_token
+    if job.train_vision_tower:
+        if job.lora:  # LoRA on the tower's linear layers
+            per_layer = sum(job.lora_r * (a + b) for a, b in vision.tower_linears.values())
+            trainable += vision.num_layers * per_layer
+        else:
+            trainable += vision.tower_params
+        # what backward keeps of a tower layer per patch: its norms' inputs, q, k, v, the attention's
+        # output, the MLP's two (as a decoder layer keeps, without rotary or gating)
+        h, i = vision.hidden_size, vision.intermediate_size
+        activations += patches * vision.num_layers * (6 * h + 2 * i) * job.compute_bytes
+    if job.train_projector:  # its input features, kept for its weight's gradient
+        width = vision.hidden_size * (vision.patches_per_token if vision.concatenates else 1)
+        activations += job.image_tokens * width * job.compute_bytes
+    return vision.tower_params + vision.projector_params, trainable, activations
+
+
 def estimate_memory(model: ModelShape, job: TrainingShape) -> MemoryEstimate:
     """Peak bytes per device of one training step (module docstring)."""
+    vision_params, vision_trainable, vision_activations = _vision_parts(model, job)
     base_params = model.n_params
     share = job.ranks if job.sharded else 1
     if job.lora:
-        trainable = lora_params(model, job)
-        weights = base_params * job.weight_bytes + trainable * FP32
+        trainable = lora_params(model, job) + vision_trainable
+        weights = (base_params + vision_params) * job.weight_bytes + trainable * FP32
         reference = 0  # the adapter-disabled base
     else:
-        trainable = base_params
-        weights = base_params * FP32
-        reference = base_params * FP32 if job.reference else 0
+        trainable = base_params + vision_trainable
+        weights = (base_params + vision_params) * FP32
+        reference = (base_params + vision_params) * FP32 if job.reference else 0
     tokens = job.micro_batch_rows * job.row_width
     per_token = _layer_activation_vectors(model, job) * job.compute_bytes
     chunk_rows = max(1, min(job.micro_batch_targets, HEAD_CHUNK_ELEMENTS[job.device] // model.vocab_size))
@@ -198,7 +294,7 @@ def estimate_memory(model: ModelShape, job: TrainingShape) -> MemoryEstimate:
         # sdpa's mask for padded rows, built once per forward: a bool one and its float form
         activations += job.micro_batch_rows * job.row_width**2 * (1 + job.compute_bytes)
     # the embeddings' output and the final norm's input and output, kept at the decoder's ends
-    activations += tokens * 3 * model.hidden_size * job.compute_bytes
+    activations += tokens * 3 * model.hidden_size * job.compute_bytes + vision_activations
     return MemoryEstimate(
         weights=math.ceil(weights / share),
         gradients=math.ceil(trainable * FP32 / share),

@@ -221,6 +221,8 @@ class Method:
     eval_metrics: tuple[str, ...] = ()
     # None: the method has no reference policy (SFT, reward model, ORPO, CPO, SimPO)
     reference: ReferenceUse | None = None
+    # trains on rows with images, on a vision base (docs/vision.md); its hyperparameters include VISION
+    images: bool = False
 
     def uses_reference(self, hp: Mapping[str, Any]) -> bool:
         """Whether a run with the resolved hyperparameters ``hp`` (API names) holds a reference policy
@@ -378,6 +380,25 @@ _MAX_PROMPT_CUT = _p(
     nullable=True,
 )
 
+VISION: tuple[Hyperparameter, ...] = (
+    _p(
+        "train_vision_tower",
+        "bool",
+        False,
+        "vision bases (docs/vision.md): train the vision tower too (LoRA on its linear layers, or every "
+        "weight of it without lora); false: frozen",
+    ),
+    _p(
+        "train_projector",
+        "bool",
+        False,
+        "vision bases: train the projector from the vision tower into the language model (every weight "
+        "of it, with or without lora); false: frozen",
+    ),
+)
+"""The knobs of the methods that train on images (``Method.images``): what of a vision base trains
+beside its language model (``trainers.modalities``)."""
+
 RL_COMMON: tuple[Hyperparameter, ...] = (
     _p("max_prompt_length", "int", 512, "prompts keep their last this many tokens", ge=1, le=131072),
     _p("max_completion_length", "int", 64, "sampling budget in tokens", ge=1, le=32768),
@@ -454,6 +475,7 @@ SUPERVISED = Method(
     hyperparameters=(
         *COMMON,
         _MAX_LENGTH,
+        *VISION,
         _p(
             "packing",
             "bool",
@@ -471,6 +493,7 @@ SUPERVISED = Method(
     config="trainers.methods.sft:SFTConfig",
     metrics=("mean_token_accuracy",),
     eval_metrics=("valid_mean_token_accuracy",),
+    images=True,
 )
 
 DPO = Method(
@@ -480,6 +503,7 @@ DPO = Method(
     hyperparameters=(
         *COMMON,
         _MAX_LENGTH,
+        *VISION,
         _MAX_PROMPT_CUT,
         _p(
             "beta",
@@ -524,6 +548,7 @@ DPO = Method(
         "valid_logps/rejected",
     ),
     reference=ReferenceUse(precomputed_knob="precompute_ref_log_probs"),
+    images=True,
 )
 
 REWARD_MODEL = Method(

@@ -26,6 +26,7 @@ class FileObject(_Object):
     format: str | None = None
     line_count: int | None = None
     sha256: str | None = None
+    images: int | None = None
 
 
 class FileDeleted(_Object):
@@ -170,6 +171,7 @@ class JobEstimate(_Object):
     tokens_reason: str | None = None
     total_steps: int
     truncated: dict[str, Any] | None = None
+    images: dict[str, int] | None = None
     peak_memory_bytes: list[dict[str, Any]]
     estimated_wall_time: dict[str, Any]
     queue_position: int

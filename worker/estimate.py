@@ -17,7 +17,9 @@ from service.jobs.estimate_task import EstimateTask
 from service.storage import get_blob_store
 from trainers.core.errors import DataError
 from trainers.data.jsonl_rows import JsonlRows
+from trainers.modalities import image_token_id, takes_images
 from trainers.registry import PREFERENCE_FORMATS, SUPERVISED_FORMATS, get_method
+from worker.file_images import fetched_images
 from worker.models import resolve_model_path
 from worker.replies import RequestRefused, errors_replied
 
@@ -36,16 +38,30 @@ def estimate_data(task: EstimateTask) -> dict[str, Any]:
     if formats not in (SUPERVISED_FORMATS, PREFERENCE_FORMATS) or task.max_length is None:
         return {"model_config": config, "data": None}
     from trainers.data.file_stats import pair_file_stats, sft_file_stats
+    from trainers.data.vision import ImageFiles, VisionData
     from trainers.modeling.loading import load_tokenizer
+    from trainers.modeling.vision import load_processor
 
     with tempfile.TemporaryDirectory(prefix="estimate-") as tmp:
         local = Path(tmp) / "training_file.jsonl"
         with local.open("wb") as fh:
             blobs.copy_to(task.training_blob_key, fh)
-        lines, tokenizer = JsonlRows(local, param="training_file"), load_tokenizer(path)
+        lines = JsonlRows(local, param="training_file")
+        vision = None
+        if takes_images(config):  # its rows' images through its processor, as training reads them
+            images_dir = fetched_images(blobs, [task.training_blob_key], workdir=Path(tmp))
+            vision = VisionData(
+                load_processor(path), ImageFiles(images_dir), image_token_id=image_token_id(config)
+            )
+        tokenizer = vision.tokenizer if vision is not None else load_tokenizer(path)
         stats = (
             sft_file_stats(
-                lines, tokenizer, max_length=task.max_length, batch_size=task.batch_size, preview=task.preview
+                lines,
+                tokenizer,
+                max_length=task.max_length,
+                batch_size=task.batch_size,
+                preview=task.preview,
+                vision=vision,
             )
             if formats == SUPERVISED_FORMATS
             else pair_file_stats(
@@ -55,10 +71,17 @@ def estimate_data(task: EstimateTask) -> dict[str, Any]:
                 max_prompt_length=task.max_prompt_length,
                 batch_size=task.batch_size,
                 preview=task.preview,
+                vision=vision,
             )
         )
     rows, width, targets = stats.largest_micro_batch()
-    data = {**stats.as_dict(), "micro_batch": {"rows": rows, "width": width, "targets": targets}}
+    micro_batch = {
+        "rows": rows,
+        "width": width,
+        "targets": targets,
+        "image_tokens": stats.largest_micro_batch_images(),
+    }
+    data = {**stats.as_dict(), "micro_batch": micro_batch}
     return {"model_config": config, "data": data}
 
 

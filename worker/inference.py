@@ -42,20 +42,22 @@ def model_cache() -> ModelCache:
 
 def load_weights(settings: Settings, blobs: BlobStore, weights: ModelWeights) -> LoadedModel:
     from trainers.modeling.generation import load_causal_lm, load_with_adapter
+    from trainers.modeling.vision import is_vision_model, load_vision_for_serving
 
     def base() -> str:
         return resolve_model_path(settings, blobs, tenant_id=weights.tenant_id, name=weights.base)
 
     if weights.checkpoint_id is None or weights.blob_key is None:
-        model, tokenizer = load_causal_lm(base())
+        path, adapter = base(), None
     else:
         folder = unpack_checkpoint(
             settings, blobs, checkpoint_id=weights.checkpoint_id, blob_key=weights.blob_key
         )
-        if (folder / "adapter_config.json").exists():
-            model, tokenizer = load_with_adapter(base(), folder)
-        else:
-            model, tokenizer = load_causal_lm(folder)
+        path, adapter = (base(), folder) if (folder / "adapter_config.json").exists() else (str(folder), None)
+    if is_vision_model(path):  # a vision-language model: its processor reads the chat's images
+        model, processor = load_vision_for_serving(path, adapter)
+        return LoadedModel(model, processor.tokenizer, model_bytes(model), processor)
+    model, tokenizer = load_with_adapter(path, adapter) if adapter is not None else load_causal_lm(path)
     return LoadedModel(model, tokenizer, model_bytes(model))
 
 
@@ -139,14 +141,28 @@ def generate(task: InferenceTask, loaded: LoadedModel, replies: ReplyWriter) -> 
     from trainers.modeling.generation import Generation
 
     tokenizer = loaded.tokenizer
+    prompt_inputs: dict[str, Any] = {}
     if task.kind == "text":
         prompt_ids = [int(t) for t in tokenizer(task.prompt or "")["input_ids"]]
         readers = None
         keep: tuple[str, ...] = ()
     else:
         assert task.chat is not None
+        if task.chat.images and loaded.processor is None:  # (before its template meets an image)
+            raise RequestRefused(
+                f"messages: model '{task.weights.model}' takes text only; images need a vision-language "
+                "model (docs/vision.md)",
+                param="messages",
+            )
         prompt = _chat_prompt(task, task.chat, tokenizer)
-        prompt_ids = [int(t) for t in tokenizer(prompt.text, add_special_tokens=False)["input_ids"]]
+        if task.chat.images:  # expanded, and their pixels made, by the processor's own call
+            from trainers.modeling.vision import vision_prompt
+
+            prompt_ids, prompt_inputs = vision_prompt(
+                loaded.processor, prompt.text, task.chat.images, n=task.n
+            )
+        else:
+            prompt_ids = [int(t) for t in tokenizer(prompt.text, add_special_tokens=False)["input_ids"]]
         readers = [ChoiceReply(prompt, single_call=task.chat.single_tool_call) for _ in range(task.n)]
         keep = prompt.format.markers
     _check_context(task, loaded.model, len(prompt_ids))
@@ -161,6 +177,7 @@ def generate(task: InferenceTask, loaded: LoadedModel, replies: ReplyWriter) -> 
         temperature=task.temperature,
         top_p=task.top_p,
         seed=seed,
+        prompt_inputs=prompt_inputs,
     )
     for updates in steps:
         entries: list[list[Any]] = []

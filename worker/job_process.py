@@ -58,6 +58,7 @@ from trainers.families.shared_base import SharedBase
 from trainers.registry import METHODS, resolve
 from worker import reference_log_probs, shared_base_host
 from worker.checkpoints import restore_latest_checkpoint
+from worker.file_images import fetched_images
 from worker.graders import reward_set
 from worker.launch import HOST_FLAG, TRAINER_MODULE, die_with_parent, trainer_command
 from worker.methods import RunInputs, keeps_reference_log_probs, run_method
@@ -133,6 +134,8 @@ def load_inputs(
     valid_rows = None
     if job.validation_file:
         valid_rows = read_rows(blobs, validation, param="validation_file", workdir=workdir)
+    with_images = [f.blob_key for f in (training, validation) if f is not None and f.images]
+    images_dir = fetched_images(blobs, with_images, workdir=workdir)
     reference_cache = None
     if training is not None and keeps_reference_log_probs(method):
         reference_cache = workdir / "reference-logps.npz"
@@ -153,6 +156,7 @@ def load_inputs(
         save_minutes=settings.checkpoint_minutes,
         keep_checkpoints=settings.checkpoint_keep,
         reference_cache_file=reference_cache,
+        images_dir=images_dir,
     )
 
 

@@ -38,6 +38,9 @@ class RunInputs:
     # file (`trainers.families.reference_cache`), fetched from and stored back to the blob store by the job
     # process
     reference_cache_file: Path | None = None
+    # the images the service fetched for the files' http(s) image URLs at upload, with their index
+    # (trainers.data.vision.ImageFiles); None: the files fetched none
+    images_dir: Path | None = None
 
 
 def learning_rate(method: MethodBase) -> float:
@@ -77,6 +80,7 @@ def build_config(method: MethodBase, inputs: RunInputs) -> Any:
         output_dir=str(inputs.output_dir),
         seed=inputs.seed,
         resume_from=str(inputs.resume_from) if inputs.resume_from else None,
+        images_dir=str(inputs.images_dir) if inputs.images_dir else None,
     )
 
 

@@ -23,6 +23,7 @@ class LoadedModel:
     model: Any  # a transformers causal LM, or a peft model around one
     tokenizer: Any
     nbytes: int
+    processor: Any = None  # a vision-language model's (trainers.modeling.vision)
 
 
 def model_bytes(model: Any) -> int:

@@ -1,7 +1,7 @@
 """A worker's LoRA jobs on one base model, trained together in one process that holds the base once.
 
 When the job a worker claims can share its base (``share_key``: a LoRA adapter, quantized base or not,
-one rank, any method) and `settings.shared_base_jobs` > 1, the worker
+one rank, any method, a text model) and `settings.shared_base_jobs` > 1, the worker
 starts a shared-base trainer (worker/shared_base_host.py) for it instead of a lone trainer, and while
 that runs it keeps claiming: whenever the fairest job that may start has the same key and the process
 has room, that job joins it without restarting the others. A fairer job with another key is not passed
@@ -26,11 +26,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from service.base_models.modalities import model_modalities
 from service.config import get_settings
 from service.db import session_scope
 from service.jobs import lifecycle, repository
 from service.jobs.resources import job_resources
 from service.jobs.spec import load_method, quantization_of
+from trainers.modalities import IMAGE
 from worker.launch import kill_trainer, shared_base_command, start_trainer, worker_queues
 from worker.recovery import describe_exit, release_and_status, renew_lease, run_ended_without_outcome
 from worker.spare_trainer import SpareTrainer
@@ -60,6 +62,10 @@ def share_key(job_id: str) -> ShareKey | None:
         if job is None:
             return None
         model, stored_method, resources = job.model, job.method, job.resources
+        # a vision-language base loads through its processor, alone (trainers.modeling.vision)
+        takes = model_modalities(session, get_settings(), tenant_id=job.tenant_id, name=model)
+        if takes is not None and IMAGE in takes:
+            return None
     method = load_method(stored_method)
     need = job_resources(resources)
     if need.ranks > 1 or need.multi_node:

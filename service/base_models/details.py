@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from trainers.modalities import IMAGE, modalities
 from trainers.registry import METHODS, get_method
 
 # the safetensors format: an 8-byte little-endian header length, then the JSON header
@@ -56,10 +57,18 @@ def chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def trainable(architecture: str | None) -> dict[str, Any]:
+def trainable(architecture: str | None, *, images: bool = False) -> dict[str, Any]:
     """What jobs and Tinker clients can do with a base of this architecture: every method, LoRA and full,
-    and a quantized base for LoRA, on a causal LM; nothing yet on other heads (vision-language models
-    load as `...ForConditionalGeneration`, which the trainers do not drive yet)."""
+    and a quantized base for LoRA, on a causal LM; on a vision-language model (``images``: it takes
+    them, ``trainers.modalities``), the methods that train on images, LoRA and full, unquantized
+    (docs/vision.md); nothing yet on other heads."""
+    if images:
+        return {
+            "methods": [m.name for m in METHODS.values() if m.images],
+            "lora": True,
+            "full": True,
+            "quantization": [],
+        }
     if architecture is None or not architecture.endswith("ForCausalLM"):
         return {
             "methods": [],
@@ -83,9 +92,7 @@ def model_details(folder: Path) -> dict[str, Any]:
     context = text.get("max_position_embeddings") or _json(folder / "tokenizer_config.json").get(
         "model_max_length"
     )
-    modalities = ["text"]
-    if "vision_config" in config or (folder / "preprocessor_config.json").is_file():
-        modalities.append("image")
+    takes = list(modalities(config))  # the trainers' own rule (trainers/modalities.py)
     weights = sorted(folder.rglob("*.safetensors"))
     return {
         "architecture": architecture,
@@ -93,6 +100,6 @@ def model_details(folder: Path) -> dict[str, Any]:
         "parameters": sum(safetensors_parameters(p) for p in weights) if weights else None,
         "context_length": int(context) if isinstance(context, int) and context < 2**40 else None,
         "chat_template": chat_template(folder),
-        "modalities": modalities,
-        "trainable": trainable(architecture),
+        "modalities": takes,
+        "trainable": trainable(architecture, images=IMAGE in takes),
     }

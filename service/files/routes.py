@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any
 
 import anyio
@@ -12,9 +13,11 @@ from starlette.concurrency import run_in_threadpool
 from service.auth import TenantDep
 from service.dependencies import After, Limit, SessionDep, SettingsDep
 from service.downloads import blob_response
-from service.errors import error_responses
+from service.errors import BadRequest, error_responses
 from service.files import service
-from service.files.schemas import FileDeleted, FileObject
+from service.files.fetch import ImageFetcher
+from service.files.images import UploadImages, image_limits, read_manifest
+from service.files.schemas import FileDeleted, FileImage, FileObject
 from service.files.upload import receive_upload
 from service.ids import new_id
 from service.pagination import MAX_LIMIT, list_body
@@ -55,7 +58,16 @@ async def upload_file(
 ) -> FileObject:
     file_id = new_id("file")
     blob_key = service.new_blob_key(tenant.id, file_id)
-    writer = get_blob_store().writer(blob_key)
+    blobs = get_blob_store()
+    writer = blobs.writer(blob_key)
+    limits = image_limits(settings)
+    fetch = ImageFetcher(
+        max_bytes=limits.max_bytes,
+        timeout_seconds=settings.image_fetch_timeout_seconds,
+        max_redirects=settings.image_fetch_max_redirects,
+        allow_private=settings.image_fetch_allow_private,
+    )
+    images = UploadImages(limits, fetch=fetch, blobs=blobs, blob_key=blob_key)
     try:
         upload = await receive_upload(
             content_type=request.headers.get("content-type", ""),
@@ -63,17 +75,22 @@ async def upload_file(
             writer=writer,
             max_bytes=settings.max_upload_bytes,
             min_examples=settings.min_examples,
+            images=images,
         )
         row = await run_in_threadpool(
             service.record_upload, session, tenant=tenant, file_id=file_id, blob_key=blob_key, upload=upload
         )
         # the blob store may be a network call away (S3): off the event loop
+        await run_in_threadpool(images.commit)
         await run_in_threadpool(writer.commit)
     except BaseException:
-        # shielded: a cancelled request (client gone) must still drop its half-written blob
+        # shielded: a cancelled request (client gone) must still drop its half-written blobs
         with anyio.CancelScope(shield=True):
             await run_in_threadpool(writer.abort)
+            await run_in_threadpool(images.abort)
         raise
+    finally:
+        fetch.close()
     return FileObject.of(row)
 
 
@@ -114,3 +131,29 @@ def delete_file(file_id: str, session: SessionDep, tenant: TenantDep) -> FileDel
 def file_content(file_id: str, session: SessionDep, tenant: TenantDep) -> StreamingResponse:
     row = service.get_file(session, tenant=tenant, file_id=file_id)
     return blob_response(row.blob_key, filename=row.filename, media_type=service.media_type(row))
+
+
+@router.get("/{file_id}/images", responses=error_responses(404))
+def file_images(
+    file_id: str, session: SessionDep, tenant: TenantDep, after: After = None, limit: Limit = 20
+) -> dict[str, object]:
+    """The images of the file's rows in order (an extension; docs/vision.md), from its manifest: a page
+    of ``limit`` after the image whose ``id`` is ``after``, each with its line, field and a thumbnail for
+    the first ones."""
+    row = service.get_file(session, tenant=tenant, file_id=file_id)
+    if after is not None and not after.isdigit():
+        raise BadRequest(
+            f"after: {after!r} is not an image id (a number)", param="after", code="invalid_value"
+        )
+    start = int(after) + 1 if after is not None else 0
+    page: list[dict[str, object]] = []
+    has_more = False
+    with closing(read_manifest(get_blob_store(), row.blob_key)) as entries:  # closed when a page is full
+        for entry in entries if row.images else ():
+            if entry["index"] < start:
+                continue
+            if len(page) == limit:
+                has_more = True
+                break
+            page.append(FileImage.of(entry).model_dump())
+    return list_body(page, has_more)

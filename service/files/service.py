@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.errors import BadRequest, NotFound
+from service.files.images import manifest_key, stored_image_keys
 from service.files.upload import UploadResult
 from service.models import File, Tenant
 from service.pagination import page
@@ -63,6 +64,8 @@ def record_upload(
         line_count=upload.stats.line_count,
         format=upload.stats.format.value,
         blob_key=blob_key,
+        images=upload.stats.images,
+        image_examples=upload.stats.image_examples,
     )
     session.add(row)
     session.flush()
@@ -91,7 +94,13 @@ def delete_file(session: Session, *, tenant: Tenant, file_id: str) -> None:
     session.flush()
     # the row goes first: a crash between the two leaves an orphan blob, never a row without bytes
     session.commit()
-    for key in (row.blob_key, reference_log_probs_key(row.tenant_id, row.id)):
+    keys = [row.blob_key, reference_log_probs_key(row.tenant_id, row.id)]
+    if row.images:  # the fetched images, then their manifest (service/files/images.py)
+        try:
+            keys = [*stored_image_keys(get_blob_store(), row.blob_key), manifest_key(row.blob_key), *keys]
+        except BlobStoreUnavailable as exc:
+            log.warning("file %s: its images were not deleted: %s", file_id, exc.message)
+    for key in keys:
         try:
             get_blob_store().delete(key)
         except BlobStoreUnavailable as exc:  # the file is gone for the client; the blob is an orphan

@@ -20,6 +20,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from service.errors import BadRequest, PayloadTooLarge
+from service.files.images import UploadImages
 from service.files.validation import FileStats, FileValidationError, JsonlValidator
 from service.storage import BlobWriter
 
@@ -178,15 +179,18 @@ async def receive_upload(
     writer: BlobWriter,
     max_bytes: int,
     min_examples: int,
+    images: UploadImages | None = None,
 ) -> UploadResult:
-    """Parse a multipart body into `writer`. The caller commits or aborts the writer."""
+    """Parse a multipart body into `writer`, its rows' images checked (and kept) by `images`. The caller
+    commits or aborts the writer and `images`."""
     ctype, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if ctype != b"multipart/form-data" or not boundary:
         raise BadRequest("upload must be multipart/form-data with a 'file' part", param="file")
     if len(boundary) > MAX_BOUNDARY_BYTES:
         raise _malformed(f"its boundary is longer than {MAX_BOUNDARY_BYTES} characters (RFC 2046)")
-    st = _State(validator=JsonlValidator(min_examples=min_examples), writer=writer, max_bytes=max_bytes)
+    validator = JsonlValidator(min_examples=min_examples, images=images)
+    st = _State(validator=validator, writer=writer, max_bytes=max_bytes)
     received, most = 0, max_body_bytes(max_bytes)
     try:
         parser = MultipartParser(

@@ -8,9 +8,13 @@ in DESIGN.md). Validation stops at the first problem with a :class:`FileValidati
 
     line 3: field 'messages[1].role': unknown role 'bot' (expected system, developer, user, assistant, tool)
 
-The module is pure Python (stdlib, plus the stdlib-only `trainers.registry` and `trainers.formats`, where
-the formats and the rule that detects them are declared once, for this validator and the trainers) so it
-can run in the API process, a worker or a CLI.
+Images (image parts of user and system messages, ``trainers.chat.images``) are checked as their line is:
+``service.files.data_urls`` takes each base64 data URL out of the byte stream before a line is held, so a
+line of images stays small, and ``service.files.images`` decodes and checks every image (an upload's
+``UploadImages`` also keeps what is fetched, and the manifest). The rows themselves are read with the
+torch-free ``trainers.chat``, ``trainers.registry`` and ``trainers.formats`` (the formats and the rule that
+detects them are declared once, for this validator and the trainers), so it runs in the API process, a
+worker or a CLI.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
+from service.files.data_urls import DataUrlSplitter
+from service.files.images import UploadImages
 from service.input_guard import unsafe_value
+from trainers.chat.images import DEFAULT_LIMITS
 from trainers.chat.pairs import preference_pair, prompt_and_completions, unpaired_example
-from trainers.chat.rows import RowProblem, json_type, read_chat, short
+from trainers.chat.rows import Conversation, ImageRef, RowProblem, json_type, read_chat, short
 from trainers.formats import FileFormat, detect, shape
 from trainers.registry import get_method
 
@@ -67,6 +74,10 @@ class FileStats:
     format: FileFormat
     bytes: int
     """Total size of the file in bytes."""
+    images: int = 0
+    """Image parts of its rows."""
+    image_examples: int = 0
+    """Examples (lines) with at least one image."""
 
 
 def _reject_constant(name: str) -> NoReturn:
@@ -78,6 +89,7 @@ class _Line:
 
     def __init__(self, number: int) -> None:
         self.number = number
+        self.images: list[ImageRef] = []  # the image parts of the rows read, in order
 
     def fail(self, field: str | None, message: str) -> NoReturn:
         prefix = f"line {self.number}: "
@@ -114,11 +126,14 @@ class _Line:
     # -- chat rows (trainers.chat: the declaration the trainers read rows with too) -----------------------
 
     def read(self, read: Callable[[], _T]) -> _T:
-        """``read()``, with a ``RowProblem`` (a malformed chat row) failing this line."""
+        """``read()``, with a ``RowProblem`` (a malformed chat row) failing this line; the images of the
+        conversations it returns are kept for their checks."""
         try:
-            return read()
+            result = read()
         except RowProblem as exc:
             self.fail(exc.field, exc.message)
+        self.images += _images_of(result)
+        return result
 
     # -- formats ------------------------------------------------------------------------------------------
 
@@ -170,6 +185,17 @@ class _Line:
                 self.string(example[key], key)
 
 
+def _images_of(read: object) -> list[ImageRef]:
+    """The image parts of what a row reader returned: a conversation, or a prompt and its completions
+    (each completion a copy of the prompt's conversation continued)."""
+    if isinstance(read, Conversation):
+        return list(read.images)
+    if isinstance(read, tuple):
+        prompt, completions = read
+        return list(prompt.images) + [i for c in completions for i in c.images[len(prompt.images) :]]
+    return []
+
+
 def _classify(example: dict[str, Any], file_format: FileFormat | None, line: _Line) -> FileFormat:
     """The format of one example (``trainers.formats.detect``, the trainers' own rule); ``file_format``
     resolves shapes that two formats share."""
@@ -203,7 +229,13 @@ class JsonlValidator:
     :meth:`feed` or :meth:`finish` and raised again by any later call.
     """
 
-    def __init__(self, *, min_examples: int = 1, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        min_examples: int = 1,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        images: UploadImages | None = None,
+    ) -> None:
         if min_examples < 1:
             raise ValueError("min_examples must be at least 1")
         if max_line_bytes < 1:
@@ -219,6 +251,9 @@ class JsonlValidator:
         self._shape = ""
         self._error: FileValidationError | None = None
         self._stats: FileStats | None = None
+        # the rows' images (the upload's store of them; by default checked, nothing kept or fetched)
+        self.images = images if images is not None else UploadImages(DEFAULT_LIMITS)
+        self._splitter = DataUrlSplitter(self.images.open_sink)
 
     @property
     def format(self) -> FileFormat | None:
@@ -248,6 +283,7 @@ class JsonlValidator:
         if self._stats is not None:
             return self._stats
         try:
+            self._feed(b"", final=True)
             if self._pending:
                 line = bytes(self._pending)
                 self._pending.clear()
@@ -265,7 +301,13 @@ class JsonlValidator:
         except FileValidationError as exc:
             self._error = exc
             raise
-        self._stats = FileStats(line_count=self._examples, format=self._format, bytes=self._bytes)
+        self._stats = FileStats(
+            line_count=self._examples,
+            format=self._format,
+            bytes=self._bytes,
+            images=self.images.images,
+            image_examples=self.images.image_examples,
+        )
         return self._stats
 
     # -- internals ----------------------------------------------------------------------------------------
@@ -275,8 +317,10 @@ class JsonlValidator:
             f"line {number}: line is longer than {self.max_line_bytes} bytes", line=number, field=None
         )
 
-    def _feed(self, chunk: bytes) -> None:
+    def _feed(self, chunk: bytes, *, final: bool = False) -> None:
         self._bytes += len(chunk)
+        # the line as the validator reads it: each data URL taken out (service.files.data_urls)
+        chunk = self._splitter.feed(chunk) + (self._splitter.flush() if final else b"")
         start = 0
         while (newline := chunk.find(b"\n", start)) != -1:
             self._line_number += 1
@@ -336,6 +380,7 @@ class JsonlValidator:
                 f"(detected at line {self._format_line})",
             )
         _VALIDATORS[kind](line, example)
+        self.images.check(number, line.images, line.fail)
         shape = _shape(kind, example)
         if self._format is None:
             self._format = kind

@@ -40,6 +40,7 @@ def read_request(request: ChatCompletionRequest) -> ChatRequest:
         tool_name=name,
         single_tool_call=legacy or request.parallel_tool_calls is False,
         legacy_functions=legacy,
+        images=[image.url for image in chat.images],
     )
 
 

@@ -20,6 +20,7 @@ from service.dependencies import SessionDep, SettingsDep
 from service.errors import AppError, error_responses
 from service.ids import new_id, now
 from service.inference.chat import read_request
+from service.inference.images import check_images
 from service.inference.responses import Choice, Shape, usage
 from service.inference.schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from service.inference.service import Answer, build_task, resolve_weights, start_inference
@@ -33,7 +34,9 @@ async def chat_completions(
     body: ChatCompletionRequest, session: SessionDep, tenant: TenantDep, settings: SettingsDep
 ) -> Response:
     """OpenAI's chat completions (plain, or `stream: true` as `chat.completion.chunk` events), with tools:
-    the reply's `tool_calls` and `reasoning_content` read from the output with the model's chat format."""
+    the reply's `tool_calls` and `reasoning_content` read from the output with the model's chat format;
+    image parts for a vision model (docs/vision.md), checked here (an http(s) one fetched)."""
+    await run_in_threadpool(check_images, body, settings)
     chat = read_request(body)
     weights = await _resolve(session, settings, tenant.id, body.model)
     shape = Shape(True, new_id("chatcmpl"), now(), body.model, functions=chat.legacy_functions)

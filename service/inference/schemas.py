@@ -37,6 +37,21 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(min_length=1)
+    detail: Literal["low", "high", "auto"] = "auto"
+
+
+class ImagePart(BaseModel):
+    """An image for a vision model (docs/vision.md): a base64 data URL, or an http(s) URL the API fetches
+    (service/inference/images.py); user and system messages only."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class ChatMessage(BaseModel):
     """A message of the conversation: an assistant's may carry `tool_calls` (its content then null) and
     reasoning, a tool message answers a call (`tool_call_id`). `refusal` is accepted (null) so that a
@@ -44,7 +59,7 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     role: str = Field(json_schema_extra={"enum": list(ROLES)})
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImagePart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -53,6 +68,11 @@ class ChatMessage(BaseModel):
     reasoning: str | None = None
     thinking: str | None = None
     refusal: str | None = None
+
+    @property
+    def images(self) -> list[ImagePart]:
+        """Its image parts (a vision model's: service/inference/images.py checks them)."""
+        return [p for p in self.content if isinstance(p, ImagePart)] if isinstance(self.content, list) else []
 
     def row(self) -> dict[str, Any]:
         """The message as OpenAI's chat row has it, for read_chat."""

@@ -39,6 +39,9 @@ class ChatRequest(BaseModel):
     tool_name: str | None = None  # the function a "function" tool_choice names
     single_tool_call: bool = False  # end each choice at its first call (parallel_tool_calls false, functions)
     legacy_functions: bool = False  # the reply's call as `function_call` (the API's concern: responses.py)
+    # the images of the messages, in order, as data URLs (checked by service/inference/images.py): a
+    # vision model's processor reads them where the template put their placeholders (docs/vision.md)
+    images: list[str] = []
 
 
 class InferenceTask(BaseModel):

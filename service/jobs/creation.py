@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from service.base_models.catalog import resolve_base_model, unknown_model_message
 from service.base_models.fine_tuned import find_final_checkpoint
+from service.base_models.modalities import model_modalities
 from service.base_models.tinker_checkpoints import find_tinker_checkpoint
 from service.config import Settings
 from service.errors import BadRequest, NotFound
@@ -32,11 +33,14 @@ from service.jobs.spec import (
     hyperparameter_problem,
     load_method,
     resolve_hyperparameters,
+    resolved_values,
     resources_problem,
     stored_method,
 )
 from service.models import File, Job, Tenant
 from trainers.formats import FileFormat
+from trainers.modalities import IMAGE
+from trainers.registry import METHODS, VISION
 
 
 def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, method_type: str) -> File:
@@ -61,6 +65,57 @@ def _check_file(session: Session, *, tenant: Tenant, file_id: str, param: str, m
             code="invalid_file_format",
         )
     return row
+
+
+def _check_images(
+    session: Session,
+    *,
+    tenant: Tenant,
+    spec: JobCreate,
+    method: Method,
+    files: list[tuple[str, File]],
+    settings: Settings,
+) -> None:
+    """Rows with images train only on a model that takes them, with a method that does; a vision base
+    trains unpacked, and the ``VISION`` knobs ask for a vision base (docs/vision.md)."""
+    with_images = [(param, row) for param, row in files if row.images]
+    hp = resolved_values(method)
+    asked = [p.name for p in VISION if hp.get(p.name)]
+    takes = model_modalities(session, settings, tenant_id=tenant.id, name=spec.model)
+    # None: a hub model the API has not seen; its worker refuses images if the model takes none
+    if takes is not None and IMAGE not in takes:
+        if with_images:
+            param, row = with_images[0]
+            raise BadRequest(
+                f"model '{spec.model}' takes text only, and {param} '{row.id}' has {row.images} images "
+                f"in {row.image_examples} examples: train on a vision-language base (docs/vision.md)",
+                param="model",
+                code="model_takes_no_images",
+            )
+        if asked:
+            knob = f"method.{method.type}.hyperparameters.{asked[0]}"
+            raise BadRequest(
+                f"{knob}: model '{spec.model}' takes text only; it has no vision tower or projector",
+                param=knob,
+                code="invalid_value",
+            )
+    if hp.get("packing") and (with_images or (takes is not None and IMAGE in takes)):
+        knob = f"method.{method.type}.hyperparameters.packing"
+        raise BadRequest(
+            f"{knob}: packing is not supported on a vision-language base (its rows' image positions are "
+            "per row); set packing to false",
+            param=knob,
+            code="invalid_value",
+        )
+    if with_images and not method.declaration.images:
+        param, row = with_images[0]
+        takes_them = ", ".join(sorted(m.name for m in METHODS.values() if m.images))
+        raise BadRequest(
+            f"method '{method.type}' does not train on images ({param} '{row.id}' has {row.images}); "
+            f"the methods that do: {takes_them}",
+            param="method.type",
+            code="invalid_value",
+        )
 
 
 def _check_rl(
@@ -156,14 +211,16 @@ def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
     training = _check_file(
         session, tenant=tenant, file_id=spec.training_file, param="training_file", method_type=method.type
     )
+    files = [("training_file", training)]
     if spec.validation_file is not None:
-        _check_file(
+        validation = _check_file(
             session,
             tenant=tenant,
             file_id=spec.validation_file,
             param="validation_file",
             method_type=method.type,
         )
+        files.append(("validation_file", validation))
 
     resolve_hyperparameters(method, n_examples=training.line_count)
     problem = (
@@ -176,6 +233,7 @@ def check_spec(session: Session, *, tenant: Tenant, spec: JobCreate, settings: S
     if problem is not None:
         param, message = problem
         raise BadRequest(f"{param}: {message}", param=param, code="invalid_value")
+    _check_images(session, tenant=tenant, spec=spec, method=method, files=files, settings=settings)
     return CheckedSpec(method, resources, training)
 
 

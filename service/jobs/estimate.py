@@ -29,6 +29,7 @@ from service.jobs.creation import CheckedSpec, check_spec
 from service.jobs.estimate_schemas import (
     DeviceFit,
     EstimateObject,
+    ImageCounts,
     MemoryBreakdown,
     PreviewSpan,
     TrainedTokens,
@@ -91,7 +92,12 @@ def _worker_kinds(session: Session, settings: Settings) -> list[WorkerKind]:
 
 
 def _fit(
-    kind: WorkerKind, model: ModelShape, checked: CheckedSpec, hp: dict[str, Any], batch: tuple[int, int, int]
+    kind: WorkerKind,
+    model: ModelShape,
+    checked: CheckedSpec,
+    hp: dict[str, Any],
+    batch: tuple[int, int, int],
+    image_tokens: int = 0,
 ) -> DeviceFit:
     device: Device = "cuda" if kind.device == "cuda" else "cpu"
     compute, lora_base = precision_bytes(str(hp.get("mixed_precision", "auto")), device)
@@ -113,6 +119,9 @@ def _fit(
         varlen_attention=device == "cuda" and compute == 2,
         padded=rows > 1,  # a lone row needs no attention mask
         device=device,
+        image_tokens=image_tokens,
+        train_vision_tower=bool(hp.get("train_vision_tower", False)),
+        train_projector=bool(hp.get("train_projector", False)),
     )
     breakdown = estimate_memory(model, shape).as_dict()
     fits: bool | None = None
@@ -247,8 +256,9 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
             per_epoch=per_epoch, total=total, loss_per_epoch=int(data["loss_tokens_per_epoch"])
         )
     batch = _micro_batch(method, hp, data)
+    image_tokens = int(data["micro_batch"].get("image_tokens", 0)) if data else 0
     queue = queue_for(settings.job_queue, checked.resources)
-    fits = [_fit(k, model, checked, hp, batch) for k in _worker_kinds(session, settings)]
+    fits = [_fit(k, model, checked, hp, batch, image_tokens) for k in _worker_kinds(session, settings)]
     verdict, why = _verdict(fits, hp, data, tokens)
     return EstimateObject(
         fits=verdict,
@@ -266,6 +276,11 @@ def estimate_job(session: Session, *, tenant: Tenant, spec: JobCreate, settings:
             count=data["truncated"], first_lines=data["truncated_lines"], dropped_lines=data["dropped_lines"]
         )
         if data
+        else None,
+        images=ImageCounts(
+            per_epoch=int(data["images_per_epoch"]), tokens_per_epoch=int(data["image_tokens_per_epoch"])
+        )
+        if data and data.get("images_per_epoch")
         else None,
         peak_memory_bytes=fits,
         estimated_wall_time=_wall_time(

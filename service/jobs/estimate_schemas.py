@@ -62,6 +62,16 @@ class PreviewSpan(BaseModel):
     text: str
     trained: bool  # the loss is taken on these tokens
     tokens: int
+    # an image's tokens (the processor's expansion of its placeholder): its place among the row's images
+    image: int | None = None
+
+
+class ImageCounts(BaseModel):
+    """A vision job's images: per epoch, and their tokens that take image features (a preference pair's
+    twice: both its sequences hold the prompt); docs/vision.md."""
+
+    per_epoch: int
+    tokens_per_epoch: int
 
 
 class EstimateObject(BaseModel):
@@ -74,6 +84,7 @@ class EstimateObject(BaseModel):
     tokens_reason: str | None = None  # why trained_tokens is null
     total_steps: int
     truncated: Truncation | None
+    images: ImageCounts | None = None  # rows with images on a vision base
     peak_memory_bytes: list[DeviceFit]  # one per kind of live training worker
     estimated_wall_time: WallTime
     queue_position: int  # if created now: 1 is the next job a free worker starts

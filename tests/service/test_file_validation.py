@@ -246,9 +246,12 @@ def test_content_as_text_parts() -> None:
     assert validate(jl({"messages": [parts, assistant()]})).format is FileFormat.CHAT
     bad_type = {
         "role": "user",
-        "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}],
+        "content": [{"type": "text", "text": "a"}, {"type": "input_audio", "input_audio": {}}],
     }
-    assert_error(chat_error(bad_type, assistant()), 2, "messages[0].content[1].type", "'image_url'")
+    assert_error(chat_error(bad_type, assistant()), 2, "messages[0].content[1].type", "'input_audio'")
+    # an image part is read (docs/vision.md), and checked as one: a missing URL is named
+    no_url = {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}
+    assert_error(chat_error(no_url, assistant()), 2, "messages[0].content[0].image_url.url", "missing")
     empty_text = {"role": "user", "content": [{"type": "text", "text": ""}]}
     assert_error(chat_error(empty_text, assistant()), 2, "messages[0].content[0].text", "non-empty")
     no_parts = {"role": "user", "content": []}

@@ -121,3 +121,41 @@ def test_estimate_within_tolerance_of_measured_peak(
     )
     ratio = estimate.total / measured.peak_bytes
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (ratio, estimate.as_dict(), measured)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "idefics3"])
+def test_a_vision_bases_persistent_parts_are_the_trainers_tensors(
+    family: str, vision_models: dict[str, Path]
+) -> None:
+    """A vision base (docs/vision.md): the language model's parts exactly as for a text model, the tower's
+    and the projector's weights within 2% (their embeddings and norms are counted roughly), and what trains
+    of them, with and without ``train_vision_tower`` / ``train_projector``, within 2% as well."""
+    path = vision_models[family]
+    shape = _shape(path)
+    assert shape.vision is not None
+    for lora, tower, projector in (
+        (True, False, False),
+        (False, False, False),
+        (True, True, True),
+        (False, True, True),
+    ):
+        config = SFTConfig(
+            str(path),
+            "/nonexistent",
+            use_lora=lora,
+            lora_r=4,
+            train_vision_tower=tower,
+            train_projector=projector,
+        )
+        model = load_model_to_train(config, torch.device("cpu"))
+        job = TrainingShape(lora=lora, lora_r=4, train_vision_tower=tower, train_projector=projector)
+        estimate = estimate_memory(shape, job)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        assert estimate.weights == pytest.approx(sum(p.nbytes for p in model.parameters()), rel=0.02)
+        assert estimate.gradients == pytest.approx(4 * trainable, rel=0.02), (lora, tower, projector)
+    # the tower's activations count only where it trains, and grow with the images' tokens
+    frozen = estimate_memory(shape, TrainingShape(lora=True, image_tokens=64))
+    trained = estimate_memory(shape, TrainingShape(lora=True, image_tokens=64, train_vision_tower=True))
+    more = estimate_memory(shape, TrainingShape(lora=True, image_tokens=128, train_vision_tower=True))
+    assert frozen.activations == estimate_memory(shape, TrainingShape(lora=True)).activations
+    assert frozen.activations < trained.activations < more.activations

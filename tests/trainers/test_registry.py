@@ -33,7 +33,7 @@ from trainers.rewards.reward_set import RewardSet
 
 GRADER = {"type": "string_check", "operation": "eq", "input": "{{sample.output_text}}", "reference": "a"}
 # set by the worker, not hyperparameters (keep_checkpoints: the deployment's TUNEHOUSE_CHECKPOINT_KEEP)
-RUN_FIELDS = {"model_path", "output_dir", "seed", "resume_from", "keep_checkpoints"}
+RUN_FIELDS = {"model_path", "output_dir", "seed", "resume_from", "keep_checkpoints", "images_dir"}
 # set by the worker where a method has it (worker/methods.py build_config)
 METHOD_RUN_FIELDS = {"reference_cache_file"}
 CHAT = [{"role": "user", "content": "Is Lima a city?"}]

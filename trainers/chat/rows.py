@@ -4,7 +4,8 @@ A chat row — SFT's ``{"messages"}``, a preference pair's ``input`` and outputs
 a ``/v1/chat/completions`` request — is OpenAI's fine-tuning format:
 
 - ``messages``: ``system``, ``developer``, ``user``, ``assistant`` and ``tool`` messages (and the legacy
-  ``function`` role); ``content`` a string or a list of text parts; an assistant's ``tool_calls`` (its
+  ``function`` role); ``content`` a string or a list of text parts, and in a user or system message image
+  parts too (``trainers.chat.images``: OpenAI's vision rows); an assistant's ``tool_calls`` (its
   content then may be null or empty), legacy ``function_call``, ``weight`` (0 or 1) and reasoning
   (``reasoning_content``, ``reasoning`` or ``thinking``, or a leading ``<think>...</think>`` in its
   content); a tool message's ``tool_call_id``; any message's ``name``;
@@ -15,7 +16,10 @@ a ``/v1/chat/completions`` request — is OpenAI's fine-tuning format:
 - ``developer`` becomes ``system`` (OpenAI treats them alike; templates without a developer role drop or
   refuse it), ``function`` becomes ``tool``, ``functions`` become ``tools`` and ``function_call`` a
   one-call ``tool_calls``;
-- text parts are joined into one string; a tool call's ``arguments`` (a JSON string in OpenAI's format)
+- text parts are joined into one string; a message with images keeps its parts in order, each image as
+  ``{"type": "image"}`` (what the vision families' templates turn into their image placeholder) and its
+  URL and ``detail`` in ``Conversation.images``, in the order the template meets them; a tool call's
+  ``arguments`` (a JSON string in OpenAI's format)
   become an object, as templates serialise them (``tojson``); a call without an ``id`` gets one;
 - reasoning is given under all three names templates read (Qwen3 ``reasoning_content``, gpt-oss
   ``thinking``, others ``reasoning``), and keys a message does not have are left out, since templates
@@ -42,6 +46,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
+
+from trainers.chat.images import DETAILS, IMAGE_PART_TYPE, IMAGE_ROLES, parse_data_url, url_kind
 
 Message = dict[str, Any]
 
@@ -91,6 +97,13 @@ FIELDS: tuple[Field, ...] = (
         'string, or `[{"type": "text", "text"}]`',
         "text parts are joined; null or empty on an assistant message that calls tools",
     ),
+    Field(
+        "content part of a user or system message",
+        "image_url",
+        '`{"type": "image_url", "image_url": {"url", "detail"}}`',
+        "an image, for vision bases ([vision.md](vision.md)): `url` a base64 `data:` URL or an `http(s)` "
+        "URL fetched once at upload; `detail` `low`, `high` or `auto` (default)",
+    ),
     Field("message", "name", "string", "handed to the template as it is"),
     Field(
         "assistant message",
@@ -128,6 +141,16 @@ class RowProblem(ValueError):
         self.message = message
 
 
+@dataclass(frozen=True)
+class ImageRef:
+    """An image of a conversation: its URL (``data:`` or ``http(s)``), OpenAI's ``detail`` and where the
+    part was in the row (``messages[1].content[0]``)."""
+
+    url: str
+    detail: str
+    path: str
+
+
 @dataclass
 class Conversation:
     """A chat row read (the module's docstring says into what). ``weights[i]`` is 1 for an assistant
@@ -139,6 +162,7 @@ class Conversation:
     tools: list[dict[str, Any]] | None = None
     parallel_tool_calls: bool | None = None
     tools_field: str = "tools"  # where the tools were in the row ("input.tools", "functions"), for errors
+    images: list[ImageRef] = field(default_factory=list)  # in the order of the messages and their parts
     # the tool calls made so far that no tool message answered yet, in order: (id, name)
     open_calls: list[tuple[str, str]] = field(default_factory=list, repr=False)
     call_names: dict[str, str] = field(default_factory=dict, repr=False)  # every call's id -> name
@@ -269,8 +293,9 @@ def _function(raw: object, path: str) -> dict[str, Any]:
 # -- messages ------------------------------------------------------------------------------------------
 
 
-def text_content(value: object, path: str, *, non_empty: bool = True) -> str:
-    """A message's content as one string: a string, or the text parts of a list joined."""
+def text_content(value: object, path: str, *, non_empty: bool = True, images_allowed: bool = False) -> str:
+    """A message's content as one string: a string, or the text parts of a list joined
+    (``images_allowed``: a user or system message's, whose refusal names image parts too)."""
     if isinstance(value, str):
         return _string(value, path, non_empty=non_empty)
     if not isinstance(value, list):
@@ -281,10 +306,72 @@ def text_content(value: object, path: str, *, non_empty: bool = True) -> str:
     for i, raw in enumerate(value):
         part = _object(raw, f"{path}[{i}]")
         kind = _present(part, "type", f"{path}[{i}].type")
+        if kind == IMAGE_PART_TYPE:
+            _fail(f"{path}[{i}]", "images are allowed in user and system messages only (OpenAI's rule)")
         if kind != "text":
-            _fail(f"{path}[{i}].type", f"unsupported content part type {short(kind)} (expected 'text')")
+            expected = f"'text' or '{IMAGE_PART_TYPE}'" if images_allowed else "'text'"
+            _fail(f"{path}[{i}].type", f"unsupported content part type {short(kind)} (expected {expected})")
         texts.append(_string(_present(part, "text", f"{path}[{i}].text"), f"{path}[{i}].text"))
     return "".join(texts)
+
+
+def image_part(raw: Mapping[str, Any], path: str) -> ImageRef:
+    """An image content part (``{"type": "image_url", "image_url": {"url", "detail"}}`` at ``path``)."""
+    image = _object(_present(raw, "image_url", f"{path}.image_url"), f"{path}.image_url")
+    url = _string(_present(image, "url", f"{path}.image_url.url"), f"{path}.image_url.url")
+    kind = url_kind(url)
+    if kind is None:
+        _fail(f"{path}.image_url.url", "expected a data: URL (base64) or an http(s) URL")
+    if kind == "data":
+        try:
+            parse_data_url(url)
+        except ValueError as exc:
+            _fail(f"{path}.image_url.url", str(exc))
+    detail = image.get("detail", "auto")
+    if detail not in DETAILS:
+        _fail(f"{path}.image_url.detail", f"expected one of {', '.join(DETAILS)}, got {short(detail)}")
+    return ImageRef(url, detail, path)
+
+
+def _content_with_images(value: object, path: str, images: list[ImageRef]) -> str | list[dict[str, str]]:
+    """A user or system message's content: its text as one string when it has no image part, else its
+    parts in order (adjacent text parts joined), each image appended to ``images``."""
+    if not isinstance(value, list) or not any(
+        isinstance(p, dict) and p.get("type") == IMAGE_PART_TYPE for p in value
+    ):
+        return text_content(value, path, images_allowed=True)
+    parts: list[dict[str, str]] = []
+    for i, raw in enumerate(value):
+        part = _object(raw, f"{path}[{i}]")
+        kind = _present(part, "type", f"{path}[{i}].type")
+        if kind == IMAGE_PART_TYPE:
+            images.append(image_part(part, f"{path}[{i}]"))
+            parts.append({"type": "image"})
+        elif kind == "text":
+            text = _string(_present(part, "text", f"{path}[{i}].text"), f"{path}[{i}].text", non_empty=False)
+            if parts and parts[-1]["type"] == "text":
+                parts[-1] = {"type": "text", "text": parts[-1]["text"] + text}
+            elif text:
+                parts.append({"type": "text", "text": text})
+        else:
+            _fail(
+                f"{path}[{i}].type",
+                f"unsupported content part type {short(kind)} (expected 'text' or '{IMAGE_PART_TYPE}')",
+            )
+    return parts
+
+
+def message_text(content: str | list[dict[str, str]]) -> str:
+    """A read message's text: its content string, or its text parts joined (its images left out)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if p["type"] == "text")
+
+
+def check_image_count(chat: Conversation, limit: int) -> None:
+    """``RowProblem`` naming the first image past ``limit`` images in one example."""
+    if len(chat.images) > limit:
+        _fail(chat.images[limit].path, f"more than {limit} images in one example")
 
 
 def _arguments(value: object, path: str) -> dict[str, Any]:
@@ -348,8 +435,10 @@ class _Reader:
         elif role in ("tool", "function"):
             out, weight = self._tool_result(message, path, role), 0
         else:
+            assert role in IMAGE_ROLES
             out = {"role": "system" if role == "developer" else role}
-            out["content"] = text_content(_present(message, "content", f"{path}.content"), f"{path}.content")
+            content = _present(message, "content", f"{path}.content")
+            out["content"] = _content_with_images(content, f"{path}.content", self.chat.images)
             weight = 0
         name = message.get("name")
         if name is not None and "name" not in out:
@@ -482,6 +571,7 @@ def continue_chat(
         tools=chat.tools,
         parallel_tool_calls=chat.parallel_tool_calls,
         tools_field=chat.tools_field,
+        images=list(chat.images),
         open_calls=list(chat.open_calls),
         call_names=dict(chat.call_names),
     )

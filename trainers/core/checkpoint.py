@@ -38,6 +38,7 @@ from peft import PeftConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.processing_utils import ProcessorMixin
 
 from trainers.core.callbacks import CheckpointInfo
 from trainers.core.rng import capture_rng_state, restore_rng_state
@@ -77,7 +78,7 @@ def save_checkpoint(
     output_dir: str | Path,
     *,
     model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     state: LoopState,
     epoch: float,
     final: bool,
@@ -237,7 +238,7 @@ class SavesItself(Protocol):
 
 
 def _save_model(
-    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, path: Path, *, final: bool
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase | ProcessorMixin, path: Path, *, final: bool
 ) -> None:
     if isinstance(model, SavesItself):
         model.save_trained(path, final=final)

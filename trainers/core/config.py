@@ -81,6 +81,8 @@ class TrainingConfig:
             ones are written (the final checkpoint is never deleted). The worker sets it from the
             deployment's ``TUNEHOUSE_CHECKPOINT_KEEP``.
         resume_from: a checkpoint folder written by this library; training continues from it exactly.
+        images_dir: a folder of the images the service fetched for the rows' http(s) image URLs at upload
+            (``trainers.data.vision.ImageFiles``); None: the rows' images are data URLs.
 
     How the loop reads the shared hyperparameters, beyond their one-line docs: an optimizer step sees
     ``batch_size * gradient_accumulation_steps`` examples (fewer at the end of an epoch); weight decay
@@ -118,6 +120,7 @@ class TrainingConfig:
     keep_checkpoints: int = 3
     eval_steps: int = knob(SHARED, "eval_steps")
     resume_from: str | None = None
+    images_dir: str | None = None
 
     def hyperparameters(self) -> dict[str, Any]:
         """The config's hyperparameters by their API names (``lora``, not ``use_lora``), as the service
@@ -141,6 +144,15 @@ class TrainingConfig:
         if problem is not None:
             name, message = problem
             raise DataError(message, param=f"hyperparameters.{name}")
+
+
+@dataclass
+class VisionConfig(TrainingConfig):
+    """The fields of the methods that train on images (``Method.images``): the registry's ``VISION``
+    knobs, what of a vision base trains beside its language model (``trainers.modeling.vision``)."""
+
+    train_vision_tower: bool = knob(SHARED, "train_vision_tower")
+    train_projector: bool = knob(SHARED, "train_projector")
 
 
 @dataclass

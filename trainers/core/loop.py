@@ -35,6 +35,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
+from transformers.processing_utils import ProcessorMixin
 
 from trainers.core import distributed as dist
 from trainers.core import sharding, turns
@@ -163,7 +164,9 @@ class TrainingTask(Generic[E, B]):
     """
 
     model: torch.nn.Module
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: (
+        PreTrainedTokenizerBase | ProcessorMixin
+    )  # saved beside the weights; a vision model's processor
     train_data: Sequence[E]
     collate: Callable[[Sequence[E]], B]
     loss_fn: Callable[[torch.nn.Module, B], LossSums]

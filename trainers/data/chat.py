@@ -75,8 +75,10 @@ def render(
 
 def _apply(tokenizer: PreTrainedTokenizerBase, chat: Conversation, end: int, generation_prompt: bool) -> str:
     messages = chat.messages[:end]
-    if reads_parts(tokenizer):
-        messages = [{**m, "content": as_parts(m["content"])} for m in messages]
+    if reads_parts(tokenizer):  # (a message with images has its parts already)
+        messages = [
+            {**m, "content": as_parts(m["content"])} if isinstance(m["content"], str) else m for m in messages
+        ]
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=generation_prompt, **chat.template_kwargs()
     )
@@ -250,7 +252,9 @@ def require_rendered(rendered: str, message: Message, path: str, *, trained: boo
     """``ChatDataError`` unless ``rendered`` holds what the template must render of ``message``: its
     content, and for a trained assistant turn its reasoning and each tool call (name and argument keys)."""
     calls = message.get("tool_calls", ())
-    if not appears(message.get("content", ""), rendered):
+    content = message.get("content", "")
+    texts = [content] if isinstance(content, str) else [p["text"] for p in content if p["type"] == "text"]
+    if not all(appears(text, rendered) for text in texts):
         beside = " beside tool_calls" if calls else ""
         raise ChatDataError(f"{path}.content", f"the model's chat template does not render content{beside}")
     if not trained or message["role"] != "assistant":

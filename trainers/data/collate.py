@@ -10,8 +10,8 @@ target, so no loss crosses an example boundary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 
@@ -36,6 +36,9 @@ class SFTBatch:
     # variable-length attention kernel (``trainers.kernels.varlen_attention``); None when padded
     sequence_starts: torch.Tensor | None = None
     longest_sequence: int = 0
+    # the model's inputs beyond ids and masks: a vision model's pixel values, its per-token types, ...
+    # (``trainers.data.vision``); empty for text
+    extra_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def loss_denominator(self) -> int:
@@ -57,6 +60,7 @@ class SFTBatch:
             position_ids=move(self.position_ids),
             logit_positions=self.logit_positions.to(device, non_blocking=True),
             sequence_starts=move(self.sequence_starts),
+            extra_inputs={k: v.to(device, non_blocking=True) for k, v in self.extra_inputs.items()},
         )
 
     def attention_kwargs(self) -> dict[str, Any]:
@@ -103,6 +107,20 @@ def pad_batch(examples: Sequence[TokenizedExample], *, pad_token_id: int) -> SFT
         n_inputs=int(attention_mask.sum().item()),
         logit_positions=target_positions(labels),
     )
+
+
+class BatchInputs(Protocol):
+    """Gives a batch's model inputs beyond ids and masks (``trainers.data.vision.VisionData``)."""
+
+    def batch_inputs(self, examples: Sequence[TokenizedExample], width: int) -> dict[str, torch.Tensor]: ...
+
+
+def pad_batch_with_inputs(
+    examples: Sequence[TokenizedExample], *, pad_token_id: int, inputs: BatchInputs
+) -> SFTBatch:
+    """``pad_batch``, with the model's other inputs for its rows (a vision model's pixels)."""
+    batch = pad_batch(examples, pad_token_id=pad_token_id)
+    return replace(batch, extra_inputs=inputs.batch_inputs(examples, batch.input_ids.shape[1]))
 
 
 def pack_batch(

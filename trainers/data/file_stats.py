@@ -6,7 +6,12 @@ them. The same tokenization, masking and truncation as training (``trainers.data
 A preference pair trains as two sequences, prompt + chosen and prompt + rejected: its tokens are both
 sequences' (what the loop counts as ``trained_tokens``), its loss tokens their completions' (whose
 log-probabilities the pair losses sum; a reward model scores each sequence at its last token), and its
-preview is the two sequences, the chosen first."""
+preview is the two sequences, the chosen first.
+
+With images (a vision base, ``trainers.data.vision``), the counts are the processor's: each image's tokens
+are in the sequence's tokens, ``image_tokens_per_epoch`` counts those that take its features (a pair's
+twice: both sequences carry the prompt), and the preview shows each image where it stands, as one span
+``{"text": "[image k]", "trained": false, "tokens": n, "image": k - 1}``."""
 
 from __future__ import annotations
 
@@ -17,8 +22,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from trainers.data.preference import tokenized_pairs
+from trainers.data.preference import VisionPair, tokenized_pairs
 from trainers.data.sft import TokenizedExample, truncated, untruncated_examples
+from trainers.data.vision import VisionData, VisionExample
 
 TRUNCATED_LINES_SHOWN = 10
 
@@ -41,6 +47,18 @@ class FileStats:
     top_trained: list[int] = field(default_factory=list)
     preview: list[list[dict[str, Any]]] = field(default_factory=list)
     batch_size: int = 1  # examples per micro-batch: how many `top_trained` keeps
+    images_per_epoch: int = 0  # images of the trained examples (a vision base's)
+    image_tokens_per_epoch: int = 0  # their tokens that take image features
+    most_image_tokens: int = 0  # of any one trained sequence
+
+    def count_images(self, images: int, tokens: int, sequences: int = 1) -> None:
+        self.images_per_epoch += images
+        self.image_tokens_per_epoch += tokens * sequences
+        self.most_image_tokens = max(self.most_image_tokens, tokens)
+
+    def largest_micro_batch_images(self) -> int:
+        """Image tokens bounding any micro-batch's: each of its rows with the most any sequence has."""
+        return self.largest_micro_batch()[0] * self.most_image_tokens
 
     def largest_micro_batch(self) -> tuple[int, int, int]:
         """(rows, padded width, trained tokens) bounding any micro-batch of ``batch_size`` examples:
@@ -77,19 +95,48 @@ class FileStats:
             "truncated_lines": self.truncated_lines,
             "dropped_lines": self.dropped_lines,
             "preview": self.preview,
+            "images_per_epoch": self.images_per_epoch,
+            "image_tokens_per_epoch": self.image_tokens_per_epoch,
         }
 
 
-def marked_spans(example: TokenizedExample, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
-    """The example's text in runs of tokens that train (``trained: true``) or not, each run decoded."""
-    return _spans(example.input_ids, [bool(m) for m in example.loss_mask], tokenizer)
+def marked_spans(
+    example: TokenizedExample, tokenizer: PreTrainedTokenizerBase, vision: VisionData | None = None
+) -> list[dict[str, Any]]:
+    """The example's text in runs of tokens that train (``trained: true``) or not, each run decoded, and
+    each image as a span of its own (``vision``'s ``image_spans``)."""
+    images = vision.image_spans(example) if vision is not None and isinstance(example, VisionExample) else []
+    return _spans(example.input_ids, [bool(m) for m in example.loss_mask], tokenizer, images)
 
 
-def _spans(ids: list[int], trained: list[bool], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+def _spans(
+    ids: list[int],
+    trained: list[bool],
+    tokenizer: PreTrainedTokenizerBase,
+    images: Sequence[tuple[int, int]] = (),
+) -> list[dict[str, Any]]:
+    image_of = {start: (k, end) for k, (start, end) in enumerate(images)}
     spans: list[dict[str, Any]] = []
-    start = 0
-    for i in range(1, len(trained) + 1):
-        if i == len(trained) or trained[i] != trained[start]:
+    start = i = 0
+    while i < len(trained):
+        if i in image_of:
+            if i > start:
+                spans += _text_spans(ids, trained, tokenizer, start, i)
+            k, end = image_of[i]
+            spans.append({"text": f"[image {k + 1}]", "trained": False, "tokens": end - i, "image": k})
+            start = i = end
+        else:
+            i += 1
+    return spans + _text_spans(ids, trained, tokenizer, start, len(trained))
+
+
+def _text_spans(
+    ids: list[int], trained: list[bool], tokenizer: PreTrainedTokenizerBase, first: int, last: int
+) -> list[dict[str, Any]]:
+    spans: list[dict[str, Any]] = []
+    start = first
+    for i in range(first + 1, last + 1):
+        if i == last or trained[i] != trained[start]:
             text = tokenizer.decode(ids[start:i], skip_special_tokens=False)
             spans.append({"text": text, "trained": trained[start], "tokens": i - start})
             start = i
@@ -104,11 +151,13 @@ def sft_file_stats(
     batch_size: int,
     preview: int = 3,
     param: str = "training_file",
+    vision: VisionData | None = None,
 ) -> FileStats:
-    """Walk every row of an SFT file once; ``DataError`` as training would raise it on a malformed row."""
+    """Walk every row of an SFT file once; ``DataError`` as training would raise it on a malformed row.
+    ``vision``: a vision base's processor (rows with images)."""
     stats = FileStats(batch_size=batch_size)
     last_line = 0
-    for line, full in untruncated_examples(rows, tokenizer, param=param):
+    for line, full in untruncated_examples(rows, tokenizer, param=param, vision=vision):
         # a conversation whose template renders earlier turns differently trains as several sequences
         # (trainers.data.chat): each is an example of the loop's batches, the row is one of the file's
         stats.examples += line != last_line
@@ -120,8 +169,10 @@ def sft_file_stats(
             stats.count_dropped(line)
             continue
         stats.count_trained(len(example.input_ids), example.n_trainable, len(example.input_ids))
+        if vision is not None and isinstance(example, VisionExample):
+            stats.count_images(len(example.images), vision.image_tokens(example))
         if len(stats.preview) < preview:
-            stats.preview.append(marked_spans(example, tokenizer))
+            stats.preview.append(marked_spans(example, tokenizer, vision))
     return stats
 
 
@@ -134,12 +185,18 @@ def pair_file_stats(
     batch_size: int,
     preview: int = 3,
     param: str = "training_file",
+    vision: VisionData | None = None,
 ) -> FileStats:
     """Walk every row of a preference file once (the module's docstring says how a pair counts);
-    ``DataError`` as training would raise it on a malformed row."""
+    ``DataError`` as training would raise it on a malformed row. ``vision``: a vision base's processor."""
     stats = FileStats(sequences_per_example=2, batch_size=batch_size)
     for pair in tokenized_pairs(
-        rows, tokenizer, max_length=max_length, max_prompt_length=max_prompt_length, param=param
+        rows,
+        tokenizer,
+        max_length=max_length,
+        max_prompt_length=max_prompt_length,
+        param=param,
+        vision=vision,
     ):
         stats.examples += 1
         if pair.cut:
@@ -153,8 +210,11 @@ def pair_file_stats(
             sum(len(c) for c in completions),
             max(len(prompt) + len(c) for c in completions),
         )
-        for completion in completions:
+        example = pair.example
+        if vision is not None and isinstance(example, VisionPair):
+            chosen, _ = example.sequences()
+            stats.count_images(len(example.vision["images"]), vision.image_tokens(chosen), sequences=2)
+        for sequence in example.sequences():
             if len(stats.preview) < 2 * preview:
-                trained = [False] * len(prompt) + [True] * len(completion)
-                stats.preview.append(_spans(prompt + completion, trained, tokenizer))
+                stats.preview.append(marked_spans(sequence, tokenizer, vision))
     return stats

@@ -22,18 +22,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.chat.pairs import preference_pair
+from trainers.chat.rows import ImageRef
 from trainers.core.errors import DataError
 from trainers.data.chat import conversation_texts, read_errors
+from trainers.data.collate import BatchInputs
 from trainers.data.example_store import ExampleStore, ExampleWriter
 from trainers.data.packing import PackedLayout, PairPacking, pack_layout, shared_prompt_layout
-from trainers.data.sft import _bos_text, _eos_text, first_row_kind, row_errors, rows_of_kind
+from trainers.data.sft import (
+    ImageTokenizer,
+    TokenizedExample,
+    _bos_text,
+    _eos_text,
+    first_row_kind,
+    require_vision,
+    row_errors,
+    rows_of_kind,
+)
+from trainers.data.vision import VisionExample
 from trainers.formats import FileFormat, Shape
 
 __all__ = [
@@ -64,6 +76,36 @@ class PreferenceExample:
     def with_ref_logps(self, chosen: float, rejected: float) -> PreferenceExample:
         return replace(self, ref_chosen_logp=chosen, ref_rejected_logp=rejected)
 
+    def sequences(self) -> tuple[TokenizedExample, TokenizedExample]:
+        """prompt + chosen and prompt + rejected as SFT-shaped examples (the completions trained)."""
+        return (
+            TokenizedExample(
+                self.prompt_ids + self.chosen_ids,
+                [False] * len(self.prompt_ids) + [True] * len(self.chosen_ids),
+            ),
+            TokenizedExample(
+                self.prompt_ids + self.rejected_ids,
+                [False] * len(self.prompt_ids) + [True] * len(self.rejected_ids),
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class VisionPair(PreferenceExample):
+    """A pair whose prompt holds images (a vision base's rows): the prompt's per-token types and its
+    images as ``trainers.data.vision.VisionExample`` keeps them (defaults: a pair without images)."""
+
+    prompt_types: list[int] = field(default_factory=list)
+    vision: dict[str, Any] = field(default_factory=lambda: {"images": [], "segments": []})
+
+    def sequences(self) -> tuple[TokenizedExample, TokenizedExample]:
+        def row(completion: list[int]) -> TokenizedExample:
+            types = (self.prompt_types or [0] * len(self.prompt_ids)) + [0] * len(completion)
+            mask = [False] * len(self.prompt_ids) + [True] * len(completion)
+            return VisionExample(self.prompt_ids + completion, mask, types, self.vision)
+
+        return row(self.chosen_ids), row(self.rejected_ids)
+
 
 @dataclass(frozen=True)
 class TokenizedPair:
@@ -81,10 +123,12 @@ def tokenized_pairs(
     max_length: int,
     max_prompt_length: int | None = None,
     param: str = "training_file",
+    vision: ImageTokenizer | None = None,
 ) -> Iterator[TokenizedPair]:
     """Each row tokenized and truncated (the module's docstring); ``DataError`` (with ``param``) on a
     malformed row. What training reads (``tokenize_preference_rows``) and the pre-flight estimate counts
-    (``trainers.data.file_stats``)."""
+    (``trainers.data.file_stats``). A prompt with images goes through ``vision`` (``VisionPair``s); the
+    prompt's cut to ``max_prompt_length`` may not reach into its images."""
     kind = first_row_kind(
         rows,
         frozenset({FileFormat.PREFERENCE}),
@@ -94,9 +138,10 @@ def tokenized_pairs(
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     for line, row in rows_of_kind(rows, kind, param=param):
         with row_errors(line, kind, param=param):
-            prompt, chosen, rejected = _texts(row, kind.shape, tokenizer, bos, eos)
+            prompt, chosen, rejected, images = _texts(row, kind.shape, tokenizer, bos, eos, vision)
             margin = _margin(row.get("margin", 0.0))
-        prompt_ids = _encode(tokenizer, prompt)
+            prompt_part = vision.tokenize([(prompt, False)], images) if vision is not None else None
+        prompt_ids = _encode(tokenizer, prompt) if prompt_part is None else prompt_part.input_ids
         chosen_ids, rejected_ids = _encode(tokenizer, chosen), _encode(tokenizer, rejected)
         if not chosen_ids or not rejected_ids:
             raise DataError(
@@ -104,10 +149,21 @@ def tokenized_pairs(
             )
         full = len(prompt_ids) + max(len(chosen_ids), len(rejected_ids))
         if max_prompt_length is not None and len(prompt_ids) > max_prompt_length:
+            if isinstance(prompt_part, VisionExample) and prompt_part.vision["images"]:
+                raise DataError(
+                    f"line {line}: the prompt with its images is {len(prompt_ids)} tokens, more than "
+                    f"max_prompt_length={max_prompt_length} (a prompt's images are never cut)",
+                    param="hyperparameters.max_prompt_length",
+                )
             prompt_ids = prompt_ids[len(prompt_ids) - max_prompt_length :]
         room = max_length - len(prompt_ids)
-        example = PreferenceExample(
-            prompt_ids, chosen_ids[: max(room, 0)], rejected_ids[: max(room, 0)], margin
+        completions = chosen_ids[: max(room, 0)], rejected_ids[: max(room, 0)]
+        example: PreferenceExample = (
+            VisionPair(
+                prompt_ids, *completions, margin, None, None, prompt_part.token_types, prompt_part.vision
+            )
+            if isinstance(prompt_part, VisionExample)
+            else PreferenceExample(prompt_ids, *completions, margin)
         )
         kept = len(example.prompt_ids) + max(len(example.chosen_ids), len(example.rejected_ids))
         # The first token of a sequence has no context, so a completion needs a prompt token before it.
@@ -122,13 +178,19 @@ def tokenize_preference_rows(
     max_length: int,
     max_prompt_length: int | None = None,
     param: str = "training_file",
+    vision: ImageTokenizer | None = None,
 ) -> ExampleStore[PreferenceExample]:
-    """Tokenize and truncate ``rows`` into an on-disk store; raise ``DataError`` (with ``param``) when no
-    usable pair remains."""
-    examples = ExampleWriter(PreferenceExample)
+    """Tokenize and truncate ``rows`` into an on-disk store (of ``VisionPair``s where the model takes
+    images); raise ``DataError`` (with ``param``) when no usable pair remains."""
+    examples = ExampleWriter(VisionPair if vision is not None else PreferenceExample)
     n_truncated_away = 0
     for pair in tokenized_pairs(
-        rows, tokenizer, max_length=max_length, max_prompt_length=max_prompt_length, param=param
+        rows,
+        tokenizer,
+        max_length=max_length,
+        max_prompt_length=max_prompt_length,
+        param=param,
+        vision=vision,
     ):
         if pair.example is not None:
             examples.append(pair.example)
@@ -179,6 +241,8 @@ class PreferenceBatch:
     n_pairs: int
     n_inputs: int  # real (non-pad) tokens of the 2B rows
     packed: PackedLayout | None = None
+    # the 2B rows' other inputs: a vision model's pixels, per-token types (``trainers.data.vision``)
+    extra_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def loss_denominator(self) -> int:
@@ -201,6 +265,7 @@ class PreferenceBatch:
             ref_chosen_logps=move(self.ref_chosen_logps),
             ref_rejected_logps=move(self.ref_rejected_logps),
             packed=self.packed.to(device) if self.packed is not None else None,
+            extra_inputs={k: v.to(device, non_blocking=True) for k, v in self.extra_inputs.items()},
         )
 
 
@@ -212,6 +277,7 @@ class SequenceRows:
     attention_mask: torch.Tensor  # [B, T]
     completion_mask: torch.Tensor  # [B, T] bool: token t is a completion token (a target)
     packed: PackedLayout | None = None  # never set yet: KTO's and online DPO's rows run padded
+    extra_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # none yet: text only
 
     def to(self, device: torch.device) -> SequenceRows:
         return SequenceRows(
@@ -252,6 +318,7 @@ def collate_preferences(
     *,
     pad_token_id: int,
     pack: PairPacking = PairPacking.PADDED,
+    inputs: BatchInputs | None = None,
 ) -> PreferenceBatch:
     """Right-pad prompt + chosen and prompt + rejected of every pair to the longest of the 2B rows; unless
     ``pack`` is ``PADDED``, also lay them out packed (``PreferenceBatch.packed``): as sequences into rows
@@ -261,7 +328,8 @@ def collate_preferences(
     Rows of the batch's own width rather than ``max_length``: on the CPU, SmolLM2's reward-model step over
     8 pairs (16 rows of up to 210 tokens, 66% of them real) took 14.1 s padded, 10.1 s packed into 12
     rows of 210 and 11.7 s packed into 5 rows of 512 (attention over the wider rows costs more than the
-    few pad slots it saves)."""
+    few pad slots it saves). ``inputs``: the rows' other model inputs (a vision model's pixels; padded
+    rows only)."""
     sequences = [(e.prompt_ids, e.chosen_ids) for e in examples] + [
         (e.prompt_ids, e.rejected_ids) for e in examples
     ]
@@ -288,23 +356,40 @@ def collate_preferences(
         n_pairs=len(examples),
         n_inputs=int(rows.attention_mask.sum().item()),
         packed=packed,
+        extra_inputs=_extra_inputs(examples, inputs, width) if inputs is not None else {},
     )
+
+
+def _extra_inputs(
+    examples: Sequence[PreferenceExample], inputs: BatchInputs, width: int
+) -> dict[str, torch.Tensor]:
+    """The 2B rows' other inputs: the chosen rows', then the rejected rows' (each pair's prompt, images
+    included, in both)."""
+    rows = [e.sequences() for e in examples]
+    return inputs.batch_inputs([c for c, _ in rows] + [r for _, r in rows], width)
 
 
 # -- rows -> texts ------------------------------------------------------------------------------------
 
 
 def _texts(
-    row: Mapping[str, Any], shape: Shape | None, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
-) -> tuple[str, str, str]:
-    """(prompt, chosen completion, rejected completion) as text: a text pair's strings with BOS and EOS,
-    or the conversations rendered by the chat template (``trainers.chat.pairs``)."""
+    row: Mapping[str, Any],
+    shape: Shape | None,
+    tokenizer: PreTrainedTokenizerBase,
+    bos: str,
+    eos: str,
+    vision: ImageTokenizer | None,
+) -> tuple[str, str, str, list[ImageRef]]:
+    """(prompt, chosen completion, rejected completion) as text, and the prompt's images: a text pair's
+    strings with BOS and EOS, or the conversations rendered by the chat template
+    (``trainers.chat.pairs``)."""
     with read_errors():
         read = preference_pair(row, openai_shape=shape is Shape.OPENAI_PREFERENCE)
     if read is None:
-        return bos + row["prompt"], row["chosen"] + eos, row["rejected"] + eos
+        return bos + row["prompt"], row["chosen"] + eos, row["rejected"] + eos, []
+    require_vision(read[0].images, vision)
     prompt_text, (chosen_text, rejected_text) = conversation_texts(tokenizer, read)
-    return prompt_text, chosen_text, rejected_text
+    return prompt_text, chosen_text, rejected_text, read[0].images
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from trainers.chat.rows import continue_chat, read_chat
+from trainers.chat.rows import Conversation, ImageRef, continue_chat, read_chat
 from trainers.core.errors import DataError
-from trainers.data.chat import Segment, read_errors, training_sequences
+from trainers.data.chat import ChatDataError, Segment, read_errors, training_sequences
 from trainers.data.example_store import ExampleStore, ExampleWriter
 from trainers.formats import SFT_FORMATS, FileFormat, Shape, detect, shape
 
@@ -43,6 +43,29 @@ class TokenizedExample:
     @property
     def n_trainable(self) -> int:
         return sum(self.loss_mask[1:])  # the first token has no context, so it is never a target
+
+    def truncated(self, max_length: int) -> TokenizedExample:
+        """What training keeps: the first ``max_length`` tokens (kept if one still trains)."""
+        return TokenizedExample(self.input_ids[:max_length], self.loss_mask[:max_length])
+
+
+class ImageTokenizer(Protocol):
+    """Tokenizes segments, with images, through the model's processor (``trainers.data.vision``), into
+    examples of ``example_type``."""
+
+    @property
+    def example_type(self) -> type[TokenizedExample]: ...
+
+    def tokenize(self, segments: list[Segment], refs: Sequence[ImageRef]) -> TokenizedExample: ...
+
+
+def require_vision(images: Sequence[ImageRef], vision: ImageTokenizer | None) -> None:
+    """``ChatDataError`` naming the first of ``images`` when the model takes no images."""
+    if images and vision is None:
+        raise ChatDataError(
+            f"{images[0].path}",
+            "the model takes text only: images need a vision-language base (docs/vision.md)",
+        )
 
 
 @dataclass(frozen=True)
@@ -98,12 +121,13 @@ def tokenize_sft_rows(
     *,
     max_length: int,
     param: str = "training_file",
+    vision: ImageTokenizer | None = None,
 ) -> ExampleStore[TokenizedExample]:
-    """Tokenize, mask, truncate and filter ``rows`` into an on-disk store; raise ``DataError`` if nothing
-    trainable remains."""
-    examples = ExampleWriter(TokenizedExample)
+    """Tokenize, mask, truncate and filter ``rows`` into an on-disk store (of ``vision``'s examples where
+    the model takes images); raise ``DataError`` if nothing trainable remains."""
+    examples = ExampleWriter(vision.example_type if vision is not None else TokenizedExample)
     n_truncated_away = 0
-    for _, full in untruncated_examples(rows, tokenizer, param=param):
+    for _, full in untruncated_examples(rows, tokenizer, param=param, vision=vision):
         example = truncated(full, max_length)
         if example.n_trainable > 0:
             examples.append(example)
@@ -122,46 +146,64 @@ def tokenize_sft_rows(
 
 
 def untruncated_examples(
-    rows: Sequence[Mapping[str, Any]], tokenizer: PreTrainedTokenizerBase, *, param: str = "training_file"
+    rows: Sequence[Mapping[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    param: str = "training_file",
+    vision: ImageTokenizer | None = None,
 ) -> Iterator[tuple[int, TokenizedExample]]:
-    """``(line, example)`` of every row, tokenized and masked but not yet truncated (lines from 1)."""
+    """``(line, example)`` of every row, tokenized and masked but not yet truncated (lines from 1); a
+    conversation with images through ``vision`` (a text-only model: a ``DataError`` naming the image)."""
     kind = first_row_kind(
         rows, SFT_FORMATS, expected='{"messages": [...]}, {"prompt", "completion"} or {"text"}', param=param
     )
     bos, eos = _bos_text(tokenizer), _eos_text(tokenizer)
     for line, row in rows_of_kind(rows, kind, param=param):
         with row_errors(line, kind, param=param):
-            sequences = _sequences(row, kind.format, tokenizer, bos, eos)
-        for segments in sequences:
-            yield line, _tokenize(segments, tokenizer)
+            sequences, chat = _sequences(row, kind.format, tokenizer, bos, eos, vision)
+            refs = chat.images if chat is not None else []
+            tokenized = [
+                vision.tokenize(segments, refs) if vision is not None else _tokenize(segments, tokenizer)
+                for segments in sequences
+            ]
+        yield from ((line, example) for example in tokenized)
 
 
 def truncated(example: TokenizedExample, max_length: int) -> TokenizedExample:
-    """What training keeps of ``example``: its first ``max_length`` tokens (kept if one still trains)."""
-    return TokenizedExample(example.input_ids[:max_length], example.loss_mask[:max_length])
+    """What training keeps of ``example`` (``TokenizedExample.truncated``; with images, never a part of
+    an image's segment: ``trainers.data.vision``)."""
+    return example.truncated(max_length)
 
 
 def _sequences(
-    row: Mapping[str, Any], fmt: FileFormat, tokenizer: PreTrainedTokenizerBase, bos: str, eos: str
-) -> list[list[Segment]]:
+    row: Mapping[str, Any],
+    fmt: FileFormat,
+    tokenizer: PreTrainedTokenizerBase,
+    bos: str,
+    eos: str,
+    vision: ImageTokenizer | None,
+) -> tuple[list[list[Segment]], Conversation | None]:
     """The row's training sequences as (text, trainable) segments: one, or for a chat whose template
-    renders earlier turns differently once later ones follow, one per such turn."""
+    renders earlier turns differently once later ones follow, one per such turn; and the conversation
+    when it has images (each sequence holds the first of them that its text has placeholders for)."""
     if fmt is FileFormat.CHAT:
         with read_errors():
             chat = read_chat(row["messages"], "messages", tools_from=row)
-        return training_sequences(tokenizer, chat)
+        require_vision(chat.images, vision)
+        return training_sequences(tokenizer, chat), (chat if chat.images else None)
     if fmt is FileFormat.TEXT:
-        return [[(bos, False), (_require_str(row["text"], "text") + eos, True)]]
+        return [[(bos, False), (_require_str(row["text"], "text") + eos, True)]], None
     prompt, completion = row["prompt"], row["completion"]
     if isinstance(prompt, list) and isinstance(completion, list):
         with read_errors():
             context = read_chat(prompt, "prompt", tools_from=row)
             context.weights = [0] * len(context.weights)  # the prompt's turns carry no loss
             chat = continue_chat(context, completion, "completion")
-        return training_sequences(tokenizer, chat)
+        require_vision(chat.images, vision)
+        return training_sequences(tokenizer, chat), (chat if chat.images else None)
     prompt = _require_str(prompt, "prompt")
     completion = _require_str(completion, "completion")
-    return [[(bos + prompt, False), (completion + eos, True)]]
+    return [[(bos + prompt, False), (completion + eos, True)]], None
 
 
 def _tokenize(segments: list[Segment], tokenizer: PreTrainedTokenizerBase) -> TokenizedExample:

@@ -25,7 +25,7 @@ completions are the batch's own completions, paired with other prompts.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -138,6 +138,7 @@ class UnpairedBatch:
     kl: SequenceRows  # [B, T'] rows: prompt i + completion i-1 (mod B)
     n_inputs: int  # real (non-pad) tokens of the B training rows
     packed: PackedLayout | None = None  # never set yet: KTO runs padded
+    extra_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # none yet: KTO takes text only
 
     @property
     def loss_denominator(self) -> int:

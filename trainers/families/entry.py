@@ -22,8 +22,10 @@ from trainers.core.callbacks import TrainingCallbacks, TrainResult
 from trainers.core.config import TrainingConfig
 from trainers.core.errors import DataError
 from trainers.core.rng import seed_everything
+from trainers.data.vision import ImageFiles, VisionData
 from trainers.families.shared_base import seat_of_this_thread, shareable
 from trainers.kernels.install import install_kernels
+from trainers.modalities import image_token_id
 from trainers.modeling.loading import (
     ModelSettings,
     load_model,
@@ -31,6 +33,7 @@ from trainers.modeling.loading import (
     load_tokenizer,
     model_type,
 )
+from trainers.modeling.vision import is_vision_model, load_processor, load_vision_model, model_config
 from trainers.registry import get_method
 
 if TYPE_CHECKING:
@@ -53,12 +56,16 @@ class TrainEntry(Protocol):
 
 
 def begin_training(
-    config: TrainingConfig, *, valid_rows: Rows | None, rewards: RewardSet | None
+    config: TrainingConfig,
+    *,
+    valid_rows: Rows | None,
+    rewards: RewardSet | None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> PreTrainedTokenizerBase:
     """Check the config's ranges, that the model's architecture takes the features it asks for
     (``trainers.architectures.problem``: the check the service makes at job creation, repeated for a
     model the service could not read) and that the inputs fit the method; seed everything, load the
-    tokenizer."""
+    tokenizer (unless given: a vision model's processor's)."""
     config.validate()
     problem = architecture_problem(model_type(config.model_path), config.hyperparameters())
     if problem is not None:
@@ -70,7 +77,16 @@ def begin_training(
     if not method.grader and rewards is not None:
         raise ValueError(f"method '{method.name}' takes no reward functions")
     seed_everything(config.seed)
-    return load_tokenizer(config.model_path)
+    return tokenizer if tokenizer is not None else load_tokenizer(config.model_path)
+
+
+def load_vision_data(config: TrainingConfig) -> VisionData | None:
+    """The processor and image files a run reads rows with images through, where its model takes images
+    (``trainers.data.vision``); None for a text model."""
+    if not is_vision_model(config.model_path):
+        return None
+    token = image_token_id(model_config(config.model_path))
+    return VisionData(load_processor(config.model_path), ImageFiles(config.images_dir), image_token_id=token)
 
 
 def begin_on_rows(
@@ -83,8 +99,12 @@ def begin_on_rows(
     **limits: Any,
 ) -> tuple[PreTrainedTokenizerBase, Sequence[T], Sequence[T] | None]:
     """``begin_training``, then ``tokenize_rows(rows, tokenizer=..., param=..., **limits)`` on the training
-    rows and, when given, the validation rows (each split's errors name its file)."""
-    tokenizer = begin_training(config, valid_rows=valid_rows, rewards=rewards)
+    rows and, when given, the validation rows (each split's errors name its file). A ``vision`` among the
+    limits (``load_vision_data``'s) brings the tokenizer: its processor's."""
+    vision: VisionData | None = limits.get("vision")
+    tokenizer = begin_training(
+        config, valid_rows=valid_rows, rewards=rewards, tokenizer=vision.tokenizer if vision else None
+    )
     tokenize = partial(tokenize_rows, tokenizer=tokenizer, **limits)
     train = tokenize(train_rows, param="training_file")
     return tokenizer, train, tokenize(valid_rows, param="validation_file") if valid_rows else None
@@ -93,7 +113,10 @@ def begin_on_rows(
 def load_model_to_train(settings: ModelSettings, device: torch.device) -> torch.nn.Module:
     """The model a method trains: loaded (``trainers.modeling.loading.load_model``), then the job's kernels
     installed on it in one explicit call (``trainers.kernels.install.install_kernels``). A job on a shared
-    base (``trainers.families.shared_base``) gets its adapter on that base instead."""
+    base (``trainers.families.shared_base``) gets its adapter on that base instead; a vision-language
+    base loads through ``trainers.modeling.vision`` (never shared)."""
+    if is_vision_model(settings.model_path):
+        return install_kernels(load_vision_model(settings, device), settings, device)
     seat = seat_of_this_thread()
     if seat is not None and shareable(settings):
         base, name = seat

@@ -56,7 +56,14 @@ def pair_forward(
     nll_targets[:n] = batch.attention_mask[:n].bool() if nll_on_prompt else completions[:n]
     # one pass over the union of both sets of targets
     targets = completions | nll_targets
-    token_logps = target_log_probs(model, batch.input_ids, batch.attention_mask, targets, packed=batch.packed)
+    token_logps = target_log_probs(
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        targets,
+        packed=batch.packed,
+        extra_inputs=batch.extra_inputs,
+    )
     logps = row_sums(torch.where(completions[:, 1:][targets[:, 1:]], token_logps, 0.0), targets)
     nll_logps = token_logps[nll_targets[:, 1:][targets[:, 1:]]]
     chosen_nll = -nll_logps.sum() / max(nll_logps.numel(), 1)

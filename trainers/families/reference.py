@@ -34,12 +34,20 @@ class CompletionRows(Protocol):
     @property
     def packed(self) -> PackedLayout | None: ...  # where the decoder may run them packed
 
+    @property
+    def extra_inputs(self) -> dict[str, torch.Tensor]: ...  # a vision model's pixels; empty for text
+
 
 def policy_log_probs(model: torch.nn.Module, batch: CompletionRows) -> torch.Tensor:
     """[N] summed completion log-probs of the rows (a preference batch: chosen then rejected), in one
     forward pass."""
     token_logps = target_log_probs(
-        model, batch.input_ids, batch.attention_mask, batch.completion_mask, packed=batch.packed
+        model,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.completion_mask,
+        packed=batch.packed,
+        extra_inputs=batch.extra_inputs,
     )
     return row_sums(token_logps, batch.completion_mask)
 

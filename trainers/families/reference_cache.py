@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainers.data.preference import PreferenceExample
+from trainers.data.preference import PreferenceExample, VisionPair
 
 log = logging.getLogger("tunehouse.trainers")
 
@@ -58,6 +58,8 @@ def reference_key(
         for ids in (e.prompt_ids, e.chosen_ids, e.rejected_ids):
             h.update(len(ids).to_bytes(4, "little"))
             h.update(np.asarray(ids, dtype=np.int64).tobytes())
+        if isinstance(e, VisionPair):  # the same tokens over other images score otherwise: their sha256s
+            h.update("|".join(e.vision["images"]).encode())
     return h.hexdigest()
 
 

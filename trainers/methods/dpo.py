@@ -29,7 +29,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import TrainingConfig, knob
+from trainers.core.config import VisionConfig, knob
 from trainers.core.loop import LossSums, TrainingTask, run_training
 from trainers.core.precision import autocast_dtype
 from trainers.data.example_store import ExampleStore, ExampleWriter
@@ -40,7 +40,8 @@ from trainers.data.preference import (
     collate_preferences,
     tokenize_preference_rows,
 )
-from trainers.families.entry import Rows, begin_on_rows, load_model_to_train
+from trainers.data.vision import VisionData
+from trainers.families.entry import Rows, begin_on_rows, load_model_to_train, load_vision_data
 from trainers.families.reference import (
     Reference,
     check_reference,
@@ -63,7 +64,7 @@ LOSS_TYPES = choices("dpo", "loss_type")
 
 
 @dataclass
-class DPOConfig(TrainingConfig):
+class DPOConfig(VisionConfig):
     """Configuration of a DPO run: ``TrainingConfig``'s fields plus the ``dpo`` entry's own hyperparameters
     (``trainers.registry``; docs/methods.md lists them with their docs and ranges), read as follows.
 
@@ -150,6 +151,7 @@ class Scoring:
     device: torch.device
     compute_dtype: torch.dtype | None
     pack: PairPacking
+    vision: VisionData | None = None  # a vision model's processor: the pairs' pixels
 
     def key_settings(self) -> str:
         """What of this a kept entry's key holds (``reference_cache.reference_key``'s ``settings``)."""
@@ -167,7 +169,9 @@ def precompute_reference_log_probs(
     ctx = partial(torch.autocast, device.type, dtype=dtype) if dtype else nullcontext
     for start in range(0, len(examples), scoring.batch_size):
         chunk = examples[start : start + scoring.batch_size]
-        batch = collate_preferences(chunk, pad_token_id=scoring.pad_token_id, pack=scoring.pack).to(device)
+        batch = collate_preferences(
+            chunk, pad_token_id=scoring.pad_token_id, pack=scoring.pack, inputs=scoring.vision
+        ).to(device)
         with ctx():
             logps = reference(batch)
         chosen, rejected = logps[: len(chunk)], logps[len(chunk) :]
@@ -217,6 +221,7 @@ def build_dpo_task(
     ref_model: torch.nn.Module | None = None,
     load_reference: Callable[[], torch.nn.Module] | None = None,
     notify: Callable[[str], None] | None = None,
+    vision: VisionData | None = None,
 ) -> TrainingTask[PreferenceExample, PreferenceBatch]:
     """The loop's task for ``model``: picks the reference, precomputes its log-probs if asked (the
     training pairs' through ``config.reference_cache_file``, when set; ``notify`` hears of the pass
@@ -239,6 +244,7 @@ def build_dpo_task(
             device=device,
             compute_dtype=autocast_dtype(config.mixed_precision, device),
             pack=pair_packing(model),
+            vision=vision,
         )
         was_training = model.training
         model.eval()  # no dropout in the reference
@@ -256,8 +262,9 @@ def build_dpo_task(
         loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, None)
     else:
         loss = DPOLoss(config.beta, config.loss_type, config.label_smoothing, reference)
-    collate = partial(collate_preferences, pad_token_id=pad_id, pack=pair_packing(model))
-    return TrainingTask(model, tokenizer, train, collate, loss, valid)
+    collate = partial(collate_preferences, pad_token_id=pad_id, pack=pair_packing(model), inputs=vision)
+    saved = vision.processor if vision is not None else tokenizer  # what checkpoints hold beside the weights
+    return TrainingTask(model, saved, train, collate, loss, valid)
 
 
 def train_dpo(
@@ -273,6 +280,7 @@ def train_dpo(
 
     ``ref_model``: a reference other than the default (the starting model); it must not be the policy.
     """
+    vision = load_vision_data(config)
     tokenizer, train, valid = begin_on_rows(
         config,
         tokenize_preference_rows,
@@ -281,6 +289,7 @@ def train_dpo(
         rewards=rewards,
         max_length=config.max_length,
         max_prompt_length=config.max_prompt_length,
+        vision=vision,
     )
     device = pick_device()
     model = load_model_to_train(config, device)
@@ -294,5 +303,6 @@ def train_dpo(
         ref_model=ref_model,
         load_reference=load_reference,
         notify=callbacks.on_message if callbacks is not None else None,
+        vision=vision,
     )
     return run_training(config, task, callbacks)

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from trainers.core.callbacks import TrainingCallbacks, TrainResult
-from trainers.core.config import TrainingConfig, knob
+from trainers.core.config import VisionConfig, knob
+from trainers.core.errors import DataError
 from trainers.core.loop import LossSums, TrainingTask, run_training
-from trainers.data.collate import SFTBatch, pack_batch, pad_batch
+from trainers.data.collate import SFTBatch, pack_batch, pad_batch, pad_batch_with_inputs
 from trainers.data.sft import TokenizedExample, tokenize_sft_rows
-from trainers.families.entry import Rows, begin_on_rows, load_model_to_train
+from trainers.families.entry import Rows, begin_on_rows, load_model_to_train, load_vision_data
 from trainers.losses.causal_lm import IGNORE_INDEX, linear_cross_entropy, next_token_cross_entropy
 from trainers.modeling.loading import decoder_and_head, pick_device, runs_packed
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class SFTConfig(TrainingConfig):
+class SFTConfig(VisionConfig):
     """Configuration of an SFT run: ``TrainingConfig``'s fields plus the ``supervised`` entry's own
     hyperparameters (``trainers.registry``; docs/methods.md lists them with their docs and ranges).
 
@@ -44,7 +45,8 @@ class SFTConfig(TrainingConfig):
     micro-batch's examples into rows of ``max_length`` tokens, position ids restarting per example: the
     same loss as padded batches. Without it, the architectures whose decoder runs alone
     (``modeling.runs_packed``) still pack, into rows no wider than the micro-batch's longest example:
-    padding-free, with the attention width padding would have.
+    padding-free, with the attention width padding would have. Rows with images train on a vision base
+    (``trainers.data.vision``), padded: packing is refused for them.
     """
 
     method: ClassVar[str] = "supervised"
@@ -70,6 +72,7 @@ def sft_loss(model: torch.nn.Module, batch: SFTBatch) -> LossSums:
         "position_ids": batch.position_ids,
         "use_cache": False,  # also required for packing: with a cache, transformers ignores packed positions
         **batch.attention_kwargs(),  # packed: the sequences' bounds, for flash attention's varlen kernel
+        **batch.extra_inputs,  # a vision model's pixels (trainers.data.vision)
     }
     split = decoder_and_head(model)
     if split is None:
@@ -92,16 +95,31 @@ def train_sft(
     rewards: RewardSet | None = None,
 ) -> TrainResult:
     """Fine-tune ``config.model_path`` on ``train_rows``; raise ``DataError`` when the data is at fault."""
+    vision = load_vision_data(config)
     tokenizer, train, valid = begin_on_rows(
-        config, tokenize_sft_rows, train_rows, valid_rows, rewards=rewards, max_length=config.max_length
+        config,
+        tokenize_sft_rows,
+        train_rows,
+        valid_rows,
+        rewards=rewards,
+        max_length=config.max_length,
+        vision=vision,
     )
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int)
     model = load_model_to_train(config, pick_device())
     collate: Callable[[Sequence[TokenizedExample]], SFTBatch] = partial(pad_batch, pad_token_id=pad_id)
-    if config.packing:
+    if vision is not None:
+        if config.packing:
+            raise DataError(
+                "packing is not supported on a vision base (its rows' image positions are per row)",
+                param="hyperparameters.packing",
+            )
+        collate = partial(pad_batch_with_inputs, pad_token_id=pad_id, inputs=vision)
+    elif config.packing:
         collate = partial(pack_batch, pad_token_id=pad_id, max_length=config.max_length)
     elif runs_packed(model):
         collate = partial(pack_batch, pad_token_id=pad_id, max_length=None)
-    task = TrainingTask(model, tokenizer, train, collate, sft_loss, valid)
+    saved = vision.processor if vision is not None else tokenizer  # what checkpoints hold beside the weights
+    task = TrainingTask(model, saved, train, collate, sft_loss, valid)
     return run_training(config, task, callbacks)

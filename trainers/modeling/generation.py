@@ -235,7 +235,10 @@ class Generation:
         temperature: float,
         top_p: float,
         seed: int | None,
+        prompt_inputs: dict[str, torch.Tensor] | None = None,
     ) -> Iterator[list[tuple[int, str, str | None]]]:
+        """``prompt_inputs``: the model's other inputs for the prompt's rows, given to its first forward
+        only (a vision model's pixels: ``trainers.modeling.vision.vision_prompt``)."""
         eos = stop_token_ids(model, self.tokenizer)
         device = next(model.parameters()).device
         generator = torch.Generator(device=device)
@@ -248,7 +251,10 @@ class Generation:
         with torch.no_grad(), contiguous_head_input(model):
             for step in range(max_new_tokens):
                 # logits at each row's last position only: the prompt's others predict nothing here
-                out = model(input_ids=step_input, use_cache=True, logits_to_keep=1, **{KV_CACHE: past})
+                extra = {k: v.to(device) for k, v in (prompt_inputs or {}).items()} if step == 0 else {}
+                out = model(
+                    input_ids=step_input, use_cache=True, logits_to_keep=1, **{KV_CACHE: past}, **extra
+                )
                 past = getattr(out, KV_CACHE)
                 # pick_next takes the logits in float32 itself
                 next_ids = pick_next(

@@ -334,18 +334,20 @@ def target_log_probs(
     target_mask: torch.Tensor,
     *,
     packed: PackedLayout | None = None,
+    extra_inputs: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """[M] float32 log-probabilities of the target tokens of right-padded rows ``input_ids`` [N, T], in the
     row-major order of ``target_mask`` [N, T] (token t is a target predicted from positions < t; column 0
     never is). Only target positions get logits; on the architectures ``decoder_and_head`` knows, the
     head is applied chunk by chunk (``losses.linear_token_nll``), so their [M, V] logits are never held
-    at once either, and the decoder runs on the ``packed`` layout when one is given."""
+    at once either, and the decoder runs on the ``packed`` layout when one is given. ``extra_inputs``:
+    the model's other inputs (a vision model's pixels, ``trainers.data.vision``)."""
     mask = target_mask[:, 1:]
     targets = input_ids[:, 1:][mask]
     split = decoder_and_head(model)
     if split is None:
         logits: torch.Tensor = model(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **(extra_inputs or {})
         ).logits
         return logits[:, :-1][mask].float().log_softmax(dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     decoder, head = split

@@ -22,7 +22,8 @@ from trainers.data.sft import tokenize_sft_rows
 from trainers.data.unpaired import tokenize_unpaired_rows
 from trainers.families.rollout import tokenize_rl_rows
 
-PAGE = (Path(__file__).resolve().parents[3] / "docs" / "data-formats.md").read_text(encoding="utf-8")
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+PAGE = (DOCS / "data-formats.md").read_text(encoding="utf-8")
 EXAMPLES = [
     (method, [json.loads(line) for line in block.splitlines()])
     for method, block in re.findall(r"<!-- example: (\w+) -->\n```jsonl\n(.*?)\n```", PAGE, re.S)
@@ -68,8 +69,10 @@ def test_the_examples_use_every_declared_field() -> None:
             for item in value:
                 walk(item)
 
-    for _, rows in EXAMPLES:
-        walk(rows)
+    # the image parts' examples are on docs/vision.md (tests/trainers/data/test_vision_doc.py reads them)
+    vision = (DOCS / "vision.md").read_text(encoding="utf-8")
+    for _, rows in EXAMPLES + re.findall(r"<!-- example: (\w+) -->\n```jsonl\n(.*?)\n```", vision, re.S):
+        walk([json.loads(line) for line in rows.splitlines()] if isinstance(rows, str) else rows)
     for field in FIELDS:
         assert any(name.strip() in keys for name in field.name.split("/")), field.name
 
