@@ -47,7 +47,11 @@ def test_redis_restart_mid_job(fault_stack: FaultStack) -> None:
         time.sleep(OUTAGE_SECONDS)
         assert during.first_item_at is not None, "a stream opened during the Redis outage sent nothing"
         rows_before = len(before.items)
-        time.sleep(1.0)
+        # the stream reads the DB 4 times a second and the trainer writes rows every second; beside the
+        # ray and tinker suites on 2 cores a second once passed without one, so it may take up to three
+        waited = time.monotonic() + 3.0
+        while len(before.items) <= rows_before and time.monotonic() < waited:
+            time.sleep(0.1)
         assert len(before.items) > rows_before, "the open stream stalled while Redis was down"
         fault_stack.redis.start()
         outage = time.monotonic() - stopped_at
