@@ -369,9 +369,13 @@ class UploadImages:
             self._stored.manifest.write(json.dumps(entry).encode() + b"\n")
 
     def commit(self) -> None:
-        """Keep the manifest (the fetched images are kept as they come)."""
-        if self._stored is not None:
+        """Keep the manifest (the fetched images are kept as they come); a file without images keeps none."""
+        if self._stored is None:
+            return
+        if self.images:
             self._stored.manifest.commit()
+        else:
+            self._stored.manifest.abort()
 
     def abort(self) -> None:
         """Keep nothing: the manifest dropped, the fetched images deleted. Never raises."""
