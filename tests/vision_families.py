@@ -3,9 +3,11 @@ model from transformers' config classes, a byte-level BPE tokenizer with the fam
 the family's PIL image processor, and the processor with TRL's copy of the family's real chat template
 (``trl/chat_templates``). Each is a folder that ``AutoProcessor`` and ``AutoModelForImageTextToText`` load.
 
-Families here: Gemma 3 and Idefics3 (SmolVLM's architecture). Qwen2.5-VL, Qwen3-VL and SmolVLM's own
-processors take a video processor, which transformers 5.23 builds only with torchvision, and PyPI has
-no torchvision for a CPU build of torch: they are not built here (docs/vision.md).
+Families here: Gemma 3, Idefics3 (SmolVLM's architecture) and Qwen2.5-VL. Qwen2.5-VL's processor takes a
+video processor, which transformers 5.23 builds only with torchvision, and PyPI has no torchvision for a
+CPU build of torch: it is built and loaded images-only (``trainers.modeling.vision.load_processor``),
+saved as the ``Qwen2_5_VLProcessor`` a real checkpoint declares. Qwen3-VL's and SmolVLM's own processors
+take a video processor too and are not built here (docs/vision.md).
 
     python -c "from tests.vision_families import build; print(build('gemma3', '/tmp/tiny-gemma3'))"
 """
