@@ -55,7 +55,11 @@ MAX_UPLOAD_BYTES = 2 * 1024 * 1024
 CHAT_MODEL = "tunehouse/tiny-qwen3-chat"
 CHAT_MODEL_DIR = DATA_DIR / "models" / "tiny-qwen3-chat"
 # tiny vision-language bases of the families tests/vision_families.py builds (by `vision_models`)
-VISION_MODELS = {"gemma3": "tunehouse/tiny-gemma3-vision", "idefics3": "tunehouse/tiny-idefics3-vision"}
+VISION_MODELS = {
+    "gemma3": "tunehouse/tiny-gemma3-vision",
+    "idefics3": "tunehouse/tiny-idefics3-vision",
+    "qwen2_5_vl": "tunehouse/tiny-qwen2_5_vl-vision",
+}
 VISION_MODEL_DIRS = {
     family: DATA_DIR / "models" / name.split("/")[1] for family, name in VISION_MODELS.items()
 }

@@ -3,9 +3,11 @@ model from transformers' config classes, a byte-level BPE tokenizer with the fam
 the family's PIL image processor, and the processor with TRL's copy of the family's real chat template
 (``trl/chat_templates``). Each is a folder that ``AutoProcessor`` and ``AutoModelForImageTextToText`` load.
 
-Families here: Gemma 3 and Idefics3 (SmolVLM's architecture). Qwen2.5-VL, Qwen3-VL and SmolVLM's own
-processors take a video processor, which transformers 5.23 builds only with torchvision, and PyPI has
-no torchvision for a CPU build of torch: they are not built here (docs/vision.md).
+Families here: Gemma 3, Idefics3 (SmolVLM's architecture) and Qwen2.5-VL. Qwen2.5-VL's processor takes a
+video processor, which transformers 5.23 builds only with torchvision, and PyPI has no torchvision for a
+CPU build of torch: it is built and loaded images-only (``trainers.modeling.vision.load_processor``),
+saved as the ``Qwen2_5_VLProcessor`` a real checkpoint declares. Qwen3-VL's and SmolVLM's own processors
+take a video processor too and are not built here (docs/vision.md).
 
     python -c "from tests.vision_families import build; print(build('gemma3', '/tmp/tiny-gemma3'))"
 """
@@ -30,7 +32,7 @@ from trainers.modalities import VISION_FAMILIES
 from trainers.modeling.tiny_model import CORPUS_PATH
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
-FAMILIES = ("gemma3", "idefics3")
+FAMILIES = ("gemma3", "idefics3", "qwen2_5_vl")
 
 # the models' sizes: "tiny" for the tests; "bench" (bench/vision.py) wider, deeper and at a real image
 # resolution (224 pixels in patches of 14)
@@ -201,7 +203,74 @@ def _save(
     processor.save_pretrained(out)
 
 
-_BUILDERS = {"gemma3": _gemma3, "idefics3": _idefics3}
+def _qwen2_5_vl(out: Path, size: str) -> None:
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from trainers.modeling.vision import Qwen2_5_VLImagesOnlyProcessor
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    image = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tok = _tokenizer(special + image, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    # tiny: an image resized to multiples of 14 pixels (patches of 7, merged 2x2 into a token) within
+    # 196..784 pixels, so 1 to 4 tokens; bench: patches of 14 within 224x224 pixels, up to 64 tokens.
+    # Qwen's own processor would take a video processor too, which needs torchvision: images only here
+    # (trainers.modeling.vision.load_processor), saved as a Qwen2_5_VLProcessor as a real checkpoint is
+    side, patch = SIZES[size]["image_size"], SIZES[size]["patch_size"]
+    pixels = {"shortest_edge": (2 * patch) ** 2, "longest_edge": side * side}
+    processor = Qwen2_5_VLImagesOnlyProcessor(
+        image_processor=Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, size=pixels),
+        tokenizer=tok,
+        chat_template=_template("qwen2_5_vl"),
+    )
+    # what a Qwen2VLVideoProcessor would save beside it (written back by a job's checkpoints)
+    processor.video_processor_config = {
+        "video_processor_type": "Qwen2VLVideoProcessor",
+        "patch_size": patch,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "size": pixels,
+    }
+    text = _text(size)
+    head_dim = text.get("head_dim", text["hidden_size"] // text["num_attention_heads"])
+    half = head_dim // 2  # M-RoPE splits each head's rotary halves into time, height and width sections
+    sections = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    vision = SIZES[size]["vision"]
+    ids = {t: tok.convert_tokens_to_ids(t) for t in image}
+    config = Qwen2_5_VLConfig(
+        text_config={
+            **text,
+            "vocab_size": len(tok),
+            "bos_token_id": tok.pad_token_id,  # Qwen's <|endoftext|>; its chat rows start with none
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections},
+        },
+        vision_config={
+            "depth": vision["num_hidden_layers"],
+            "hidden_size": vision["hidden_size"],
+            "intermediate_size": vision["intermediate_size"],
+            "num_heads": vision["num_attention_heads"],
+            "patch_size": patch,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": text["hidden_size"],
+            # windows of 2x2 merged tokens in the first layers, full attention in the last (as the real
+            # model alternates them)
+            "window_size": 4 * patch,
+            "fullatt_block_indexes": [vision["num_hidden_layers"] - 1],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    _save(out, Qwen2_5_VLForConditionalGeneration, config, processor)
+
+
+_BUILDERS = {"gemma3": _gemma3, "idefics3": _idefics3, "qwen2_5_vl": _qwen2_5_vl}
 
 
 def build(family: str, out_dir: str | Path, *, size: str = "tiny") -> Path:

@@ -57,6 +57,9 @@ class VisionShape:
     text_hidden_size: int
     embedding_params: int = 0  # the patch embedding, and learnt positions where the tower has them
     concatenates: bool = True  # the projector takes a token's patches side by side (Gemma 3 pools them)
+    # Qwen2.5-VL's tower: attention's q, k and v one fused linear layer, a gated MLP (gate, up, down), and
+    # a projector (its "merger") of two linear layers, the first at the side-by-side patches' width
+    qwen: bool = False
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], text_hidden: int) -> VisionShape | None:
@@ -78,17 +81,22 @@ class VisionShape:
             text_hidden_size=text_hidden,
             embedding_params=embedding,
             concatenates=config.get("model_type") != "gemma3",
+            qwen=config.get("model_type") == "qwen2_5_vl",
         )
 
     @property
     def tower_linears(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each linear layer of one tower layer: attention's four, the MLP's two."""
+        """(in, out) of each linear layer of one tower layer: attention's four, the MLP's two (Qwen's:
+        attention's fused qkv and output, the gated MLP's three)."""
         h, i = self.hidden_size, self.intermediate_size
+        if self.qwen:
+            return {"qkv": (h, 3 * h), "proj": (h, h), "gate": (h, i), "up": (h, i), "down": (i, h)}
         return {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (h, i), "fc2": (i, h)}
 
     @property
     def tower_params(self) -> int:
-        layer = sum(a * b + b for a, b in self.tower_linears.values()) + 4 * self.hidden_size  # + 2 norms
+        norms = (2 if self.qwen else 4) * self.hidden_size  # two norms a layer (Qwen's RMSNorm: no bias)
+        layer = sum(a * b + b for a, b in self.tower_linears.values()) + norms
         return self.num_layers * layer + self.embedding_params
 
     @property
@@ -96,6 +104,14 @@ class VisionShape:
         """The projection of a token's patch features (side by side, or pooled) into the language
         model's width."""
         width = round(self.hidden_size * self.patches_per_token) if self.concatenates else self.hidden_size
+        if self.qwen:  # a norm, then width -> width -> the language model's
+            return (
+                self.hidden_size
+                + width * width
+                + width
+                + width * self.text_hidden_size
+                + self.text_hidden_size
+            )
         return width * self.text_hidden_size
 
 
@@ -249,9 +265,11 @@ def _vision_parts(model: ModelShape, job: TrainingShape) -> tuple[int, int, floa
         else:
             trainable += vision.tower_params
         # what backward keeps of a tower layer per patch: its norms' inputs, q, k, v, the attention's
-        # output, the MLP's two (as a decoder layer keeps, without rotary or gating)
+        # output, the MLP's two (as a decoder layer keeps, without rotary), three where it is gated
         h, i = vision.hidden_size, vision.intermediate_size
-        activations += patches * vision.num_layers * (6 * h + 2 * i) * job.compute_bytes
+        activations += (
+            patches * vision.num_layers * (6 * h + (3 if vision.qwen else 2) * i) * job.compute_bytes
+        )
     if job.train_projector:  # its input features, kept for its weight's gradient
         width = vision.hidden_size * (vision.patches_per_token if vision.concatenates else 1)
         activations += job.image_tokens * width * job.compute_bytes

@@ -1,8 +1,8 @@
 """Vision fine-tuning through the real stack (uvicorn, a training worker, an inference worker, Redis,
-PostgreSQL), on the tiny Gemma 3 and Idefics3 bases (tests/vision_families.py) in the operator's registry:
-rows with images uploaded, estimated (their image tokens counted, each image's place in the preview), an
-SFT job per family and a DPO job trained, and the fine-tuned model and its base asked about an image with
-the official `openai` client; a text-only model answers a 400 naming `messages`."""
+PostgreSQL), on the tiny Gemma 3, Idefics3 and Qwen2.5-VL bases (tests/vision_families.py) in the
+operator's registry: rows with images uploaded, estimated (their image tokens counted, each image's place
+in the preview), an SFT job per family and a DPO job trained, and the fine-tuned model and its base asked
+about an image with the official `openai` client; a text-only model answers a 400 naming `messages`."""
 
 from __future__ import annotations
 

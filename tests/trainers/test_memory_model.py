@@ -123,7 +123,7 @@ def test_estimate_within_tolerance_of_measured_peak(
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (ratio, estimate.as_dict(), measured)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "idefics3"])
+@pytest.mark.parametrize("family", ["gemma3", "idefics3", "qwen2_5_vl"])
 def test_a_vision_bases_persistent_parts_are_the_trainers_tensors(
     family: str, vision_models: dict[str, Path]
 ) -> None:
@@ -159,3 +159,29 @@ def test_a_vision_bases_persistent_parts_are_the_trainers_tensors(
     more = estimate_memory(shape, TrainingShape(lora=True, image_tokens=128, train_vision_tower=True))
     assert frozen.activations == estimate_memory(shape, TrainingShape(lora=True)).activations
     assert frozen.activations < trained.activations < more.activations
+
+
+def test_the_image_tokens_and_patches_a_qwen2_5_vl_estimate_counts_are_its_processors(
+    vision_models: dict[str, Path],
+) -> None:
+    """The estimate's image tokens (``sft_file_stats``, the tokens at the config's ``image_token_id``) are
+    those Qwen2.5-VL's processor makes of each image (its grid's patches over 2x2 merged), and the
+    patches the tower's activations are sized by (tokens x ``patches_per_image_token``) the rows of the
+    pixels it encodes."""
+    from tests.vision_families import data_url, image_bytes, image_row
+    from trainers.data.file_stats import sft_file_stats
+    from trainers.data.sft import tokenize_sft_rows
+    from trainers.data.vision import ImageFiles, VisionData
+    from trainers.modalities import image_token_id, patches_per_image_token
+    from trainers.modeling.vision import load_processor, model_config
+
+    path = str(vision_models["qwen2_5_vl"])
+    config = model_config(path)
+    vision = VisionData(load_processor(path), ImageFiles(), image_token_id=image_token_id(config))
+    rows = [image_row(data_url(image_bytes(size))) for size in ((40, 30), (20, 50), (28, 28), (9, 9))]
+    stats = sft_file_stats(rows, vision.tokenizer, max_length=4096, batch_size=4, vision=vision)
+    examples = list(tokenize_sft_rows(rows, vision.tokenizer, max_length=4096, vision=vision))
+    pixels = vision.batch_inputs(examples, max(len(e.input_ids) for e in examples))
+    grids = pixels["image_grid_thw"]
+    assert stats.image_tokens_per_epoch == int(grids.prod(dim=1).sum()) // 4 > len(rows)
+    assert stats.image_tokens_per_epoch * patches_per_image_token(config) == pixels["pixel_values"].shape[0]

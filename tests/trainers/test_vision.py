@@ -20,6 +20,7 @@ from tests.trainers.helpers import Recorder
 from tests.vision_families import FAMILIES, data_url, image_bytes, image_part, image_row
 from trainers.core.errors import DataError
 from trainers.data.collate import pad_batch_with_inputs
+from trainers.data.packing import PairPacking
 from trainers.data.sft import tokenize_sft_rows
 from trainers.data.vision import ImageFiles, VisionData, VisionExample
 from trainers.families.entry import load_model_to_train
@@ -27,7 +28,12 @@ from trainers.losses.causal_lm import IGNORE_INDEX
 from trainers.methods.dpo import DPOConfig, train_dpo
 from trainers.methods.sft import SFTConfig, sft_loss, train_sft
 from trainers.modalities import VISION_FAMILIES, part_of
-from trainers.modeling.vision import load_processor, load_vision_for_serving
+from trainers.modeling.loading import pair_packing, runs_packed
+from trainers.modeling.vision import (
+    Qwen2_5_VLImagesOnlyProcessor,
+    load_processor,
+    load_vision_for_serving,
+)
 
 RED, BLUE = (220, 20, 20), (20, 20, 220)
 
@@ -111,6 +117,16 @@ def _reference_batch(processor: Any, rows: list[dict[str, Any]]) -> dict[str, to
     return batch
 
 
+def _plain_processor(path: Path) -> Any:
+    """transformers' own processor of the model: ``AutoProcessor``'s where it builds (with torchvision,
+    Qwen2.5-VL's full one, so the images-only one is checked against it), else Qwen2.5-VL's images-only one
+    (its video processor needs torchvision; what it answers for images is the full one's call)."""
+    try:
+        return AutoProcessor.from_pretrained(path)
+    except ImportError:
+        return Qwen2_5_VLImagesOnlyProcessor.from_pretrained(path)
+
+
 def _length(processor: Any, text: str, images: list[Any]) -> int:
     if not images:
         return len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -137,7 +153,7 @@ def test_rows_tokenize_as_the_processor_makes_them_and_the_loss_is_a_plain_forwa
     examples = list(tokenize_sft_rows(rows, processor.tokenizer, max_length=4096, vision=vision))
     assert all(isinstance(e, VisionExample) for e in examples) and len(examples) == 2
 
-    reference = _reference_batch(AutoProcessor.from_pretrained(path), rows)
+    reference = _reference_batch(_plain_processor(path), rows)
     image_id = AutoModelForImageTextToText.from_pretrained(path).config.image_token_id
     for row, e in enumerate(examples):
         n = len(e.input_ids)
@@ -150,11 +166,18 @@ def test_rows_tokenize_as_the_processor_makes_them_and_the_loss_is_a_plain_forwa
     # the training path's loss (the model as a job loads it, kernels installed) is transformers' own
     model = load_model_to_train(_config(path, tmp_path, use_lora=False), torch.device("cpu"))
     batch = pad_batch_with_inputs(examples, pad_token_id=processor.tokenizer.pad_token_id, inputs=vision)
+    # every input the processor gives the model, ours too: pixels, and the family's others (Qwen's
+    # image_grid_thw and the mm_token_type_ids its M-RoPE positions are computed from)
+    given = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **batch.extra_inputs}
+    assert set(given) == set(reference) - {"labels"}
+    for key, value in given.items():
+        assert torch.equal(value, reference[key].to(value.dtype)), key
     plain = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         ours = sft_loss(model, batch).loss / batch.n_targets
         theirs = plain(**reference).loss
-    assert torch.allclose(ours, theirs, atol=1e-5), (ours, theirs)
+    # rtol=0: dropping Qwen's M-RoPE token types moves this tiny batch's loss by 6e-5, within 1e-5 relative
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-5), (ours, theirs)
 
 
 def _files(folder: Path) -> dict[str, torch.Tensor]:
@@ -195,7 +218,7 @@ def test_a_lora_job_trains_the_language_model_and_its_export_loads_and_reads_ima
     adapted, adapter_processor = load_vision_for_serving(path, tmp_path / "checkpoint-000002" / "model")
     assert type(adapted) is model_class and adapter_processor.chat_template
 
-    processor = AutoProcessor.from_pretrained(export)
+    processor = _plain_processor(export)
     messages, images = _hf_messages(rows[0])
     prompt = processor.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     inputs = processor(text=[prompt], images=[images], return_tensors="pt", add_special_tokens=False)
@@ -240,9 +263,15 @@ def test_dpo_trains_on_pairs_whose_prompt_has_images(family: tuple[str, Path], t
 def test_packing_and_text_models_refuse_images_naming_what(
     vision_models: dict[str, Path], tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(DataError, match="packing is not supported on a vision base") as refused:
-        train_sft(_config(vision_models["gemma3"], tmp_path, packing=True, max_steps=1), _rows())
-    assert refused.value.param == "hyperparameters.packing"
+    for family in FAMILIES:
+        path = vision_models[family]
+        with pytest.raises(DataError, match="packing is not supported on a vision base") as refused:
+            train_sft(_config(path, tmp_path, packing=True, max_steps=1), _rows())
+        assert refused.value.param == "hyperparameters.packing"
+        # nor does anything pack implicitly: packed rows' position ids would replace the positions the
+        # model computes per row from its images (Qwen's M-RoPE from image_grid_thw)
+        model = load_model_to_train(_config(path, tmp_path), torch.device("cpu"))
+        assert not runs_packed(model) and pair_packing(model) is PairPacking.PADDED, family
     with pytest.raises(
         DataError, match=r"line 1: field 'messages\[1\].content\[1\]': the model takes text only"
     ):
@@ -280,3 +309,47 @@ def test_a_vision_run_resumed_repeats_the_uninterrupted_run(
     for ours, theirs in zip(resumed.steps, full.steps[2:], strict=True):
         for key in ("loss", "grad_norm", "trained_tokens", "mean_token_accuracy"):
             assert ours[key] == pytest.approx(theirs[key], abs=1e-6), key
+
+
+def test_a_qwen2_5_vl_checkpoint_as_the_hub_has_it_loads_its_processor_without_torchvision(
+    vision_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A real Qwen2.5-VL checkpoint's processor files (``preprocessor_config.json`` declaring
+    ``Qwen2_5_VLProcessor``, ``video_preprocessor_config.json``, ``chat_template.json``): the processor
+    loads images-only, tokenizes as the tiny base's, and saves back as ``Qwen2_5_VLProcessor`` with the
+    video processor's config, as a job's checkpoint does."""
+    import importlib.util
+    import json
+    import shutil
+
+    tiny = vision_models["qwen2_5_vl"]
+    saved = json.loads((tiny / "processor_config.json").read_text())
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(tiny / name, hub / name)
+    image = {**saved["image_processor"], "processor_class": "Qwen2_5_VLProcessor"}
+    (hub / "preprocessor_config.json").write_text(json.dumps(image))
+    (hub / "video_preprocessor_config.json").write_text(json.dumps(saved["video_processor"]))
+    template = (tiny / "chat_template.jinja").read_text()
+    (hub / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    if importlib.util.find_spec("torchvision") is None:
+        with pytest.raises(ImportError, match="Torchvision"):
+            AutoProcessor.from_pretrained(hub)
+
+    processor = load_processor(str(hub))
+    assert type(processor) is Qwen2_5_VLImagesOnlyProcessor and processor.chat_template == template
+    rows = _rows()
+    ours = tokenize_sft_rows(
+        rows, processor.tokenizer, max_length=4096, vision=VisionData(processor, ImageFiles())
+    )
+    tiny_processor = load_processor(str(tiny))
+    theirs = tokenize_sft_rows(
+        rows, tiny_processor.tokenizer, max_length=4096, vision=VisionData(tiny_processor, ImageFiles())
+    )
+    assert [e.input_ids for e in ours] == [e.input_ids for e in theirs]
+
+    processor.save_pretrained(tmp_path / "export")
+    written = json.loads((tmp_path / "export" / "processor_config.json").read_text())
+    assert written["processor_class"] == "Qwen2_5_VLProcessor"
+    assert written["video_processor"] == saved["video_processor"]

@@ -29,7 +29,13 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from PIL import Image
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    PreTrainedModel,
+    Qwen2_5_VLProcessor,
+)
 from transformers.processing_utils import ProcessorMixin
 
 from trainers.chat.images import parse_data_url
@@ -58,11 +64,81 @@ def is_vision_model(model_path: str) -> bool:
     return takes_images(_config(model_path))
 
 
+class Qwen2_5_VLImagesOnlyProcessor(Qwen2_5_VLProcessor):
+    """Qwen2.5-VL's processor without its video processor: the same image processor, tokenizer, chat
+    template and call for rows with images (what it answers for images never reads the video processor),
+    but buildable where transformers' video processors are not (they need torchvision, which a CPU build
+    of torch has no PyPI wheel for). It saves as ``Qwen2_5_VLProcessor`` and writes back the video
+    processor's config the checkpoint had (``video_processor_config``, kept as data), so a saved folder
+    loads with ``AutoProcessor`` wherever the base did."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None) -> None:
+        # Qwen2_5_VLProcessor.__init__ less the video processor (the attributes are __init__'s arguments)
+        self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+        self.video_token = getattr(tokenizer, "video_token", None) or "<|video_pad|>"
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        self.video_processor_config: dict[str, Any] | None = None
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)  # type: ignore[no-untyped-call]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["processor_class"] = Qwen2_5_VLProcessor.__name__
+        if self.video_processor_config is not None:
+            out["video_processor"] = self.video_processor_config
+        return out
+
+
+# the processor class a checkpoint declares -> the images-only one to load it as
+_IMAGES_ONLY: dict[str, type[ProcessorMixin]] = {"Qwen2_5_VLProcessor": Qwen2_5_VLImagesOnlyProcessor}
+
+
+def _declared_processor(model_path: str) -> str | None:
+    """The processor class a local checkpoint (a base, or a job's adapter folder, which has no
+    ``config.json``) declares: ``processor_class`` of its ``processor_config.json`` as transformers 5
+    saves it, or of the older ``preprocessor_config.json`` a hub checkpoint has."""
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        file = Path(model_path) / name
+        if file.is_file():
+            declared = json.loads(file.read_text(encoding="utf-8")).get("processor_class")
+            if isinstance(declared, str):
+                return declared
+    return None
+
+
+def _video_processor_config(model_path: str) -> dict[str, Any] | None:
+    """The config a local checkpoint's video processor loads from, as JSON, found where transformers 5.23
+    looks for it (``video_processing_utils.get_video_processor_dict``): nested in ``processor_config.json``,
+    else ``video_preprocessor_config.json``, else the older hub checkpoints' ``preprocessor_config.json``."""
+    folder = Path(model_path)
+    nested = folder / "processor_config.json"
+    if nested.is_file():
+        found = json.loads(nested.read_text(encoding="utf-8")).get("video_processor")
+        if isinstance(found, dict):
+            return found
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        if (folder / name).is_file():
+            return dict(json.loads((folder / name).read_text(encoding="utf-8")))
+    return None
+
+
 def load_processor(model_path: str) -> ProcessorMixin:
     """The model's processor: its image processor, its tokenizer (a pad token set as
     ``modeling.loading.load_tokenizer`` sets it) and its chat template, which the tokenizer renders
-    the rows with from then on (a processor may keep a template of its own beside the tokenizer's)."""
-    processor: ProcessorMixin = AutoProcessor.from_pretrained(model_path)  # type: ignore[no-untyped-call]
+    the rows with from then on (a processor may keep a template of its own beside the tokenizer's).
+
+    A checkpoint declaring Qwen2.5-VL's processor loads images-only (``Qwen2_5_VLImagesOnlyProcessor``),
+    always, not as a fallback when ``AutoProcessor`` fails: the full processor needs torchvision for its
+    video processor (an ``ImportError`` where torchvision is missing, an ``OSError`` where the folder has
+    no video config), catching those would hide other faults, and a job's tokens must not depend on
+    whether a worker happens to have torchvision. Rows carry no video, so nothing is lost."""
+    images_only = _IMAGES_ONLY.get(_declared_processor(model_path) or "")
+    processor: ProcessorMixin
+    if images_only is not None:
+        processor = images_only.from_pretrained(model_path)
+        processor.video_processor_config = _video_processor_config(model_path)  # type: ignore[attr-defined]
+    else:
+        processor = AutoProcessor.from_pretrained(model_path)  # type: ignore[no-untyped-call]
     tokenizer = processor.tokenizer
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is always masked out
