@@ -31,8 +31,9 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/tunehouse up $(ARGS)
 
 # the suite in parallel processes (pytest-xdist; tests/conftest.py gives each its own database, Redis
-# databases and blob folder); a test file stays in one process, so its module fixtures start once
-TEST_WORKERS ?= 2
+# databases and blob folder); a test file stays in one process, so its module fixtures start once. Three on
+# two cores: the tests wait on servers and subprocesses a quarter of the time (9.6 min against ~10.5 at two)
+TEST_WORKERS ?= 3
 # (the slowest tests are listed at the end, so that one that grew slow is seen when it lands)
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
