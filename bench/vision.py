@@ -1,6 +1,6 @@
 """A vision job against the same job as text, and an upload of images against one image (issue 55).
 
-    .venv/bin/python -m bench.vision                    # both families, ~3 minutes on 2 cores
+    .venv/bin/python -m bench.vision                    # the three families, ~5 minutes on 2 cores
     .venv/bin/python -m bench.vision --families gemma3 --steps 4
     .venv/bin/python -m bench.vision --families ""              # the upload alone
 
@@ -132,7 +132,7 @@ def _child(*argv: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--families", default="gemma3,idefics3")
+    parser.add_argument("--families", default="gemma3,idefics3,qwen2_5_vl")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rows", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
