@@ -74,7 +74,8 @@ def _wait(url: str, key: str, request_id: str) -> float:
         assert answer.json().get("type") == "try_again", answer.text
 
 
-def test_measure(url: str) -> None:
+@pytest.mark.slow
+def test_tinker_fairness(url: str) -> None:
     flooder, flood_sampler = _sampler(url)
     other, other_sampler = _sampler(url)
     prompt = [5 + j for j in range(200)]
