@@ -32,6 +32,13 @@ REDIS = os.environ.get("TUNEHOUSE_TEST_REDIS", "redis://127.0.0.1:6379")
 XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
 if XDIST_WORKER > 2:
     raise RuntimeError("at most 3 pytest-xdist workers: Redis has 16 databases, each worker takes 5")
+# One OpenMP thread for torch in each test process and every process it starts (servers, workers,
+# trainers), unless the caller set a count: with three test processes on two cores, each torch process
+# spinning two threads wasted half the CPU on contention (the trainer and family tests: 227 s of CPU and
+# 139 s of wall time with the default, 118 s and 88 s with one thread). Only under xdist: a benchmark
+# (bench/ reuses these fixtures in one process) keeps torch's default.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def redis_db(n: int) -> str:
