@@ -16,15 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import _stop, new_key, start_server
+from tests.conftest import _stop, start_server
 from tests.helpers import start_tinker_host
+from tests.tinker.sampling import BASE, new_sampler, sample, wait
 
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 os.environ["TINKER_TELEMETRY"] = "0"
-BASE = "tunehouse/tiny-llama"
 CAP = 40
 FLOOD = 60  # calls one tenant sends at once: past the cap, so some answer 429
 
@@ -40,48 +40,14 @@ def url() -> Iterator[str]:
     gc.collect()
 
 
-def _sampler(url: str) -> tuple[str, str]:
-    """(api key, sampling session id) of a new tenant sampling the base model."""
-    key = f"tml-{new_key()}"
-    headers = {"X-API-Key": key}
-    session = httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers).json()["session_id"]
-    body = {"session_id": session, "base_model": BASE}
-    sampler = httpx.post(f"{url}/api/v1/create_sampling_session", json=body, headers=headers).json()
-    return key, sampler["sampling_session_id"]
-
-
-def _sample(url: str, key: str, sampler: str, prompt: list[int], max_tokens: int) -> httpx.Response:
-    body = {
-        "sampling_session_id": sampler,
-        "num_samples": 4,
-        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompt}]},
-        "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0},
-    }
-    return httpx.post(f"{url}/api/v1/asample", json=body, headers={"X-API-Key": key}, timeout=60)
-
-
-def _wait(url: str, key: str, request_id: str) -> float:
-    started = time.monotonic()
-    while True:
-        answer = httpx.post(
-            f"{url}/api/v1/retrieve_future",
-            json={"request_id": request_id},
-            headers={"X-API-Key": key},
-            timeout=60,
-        )
-        if answer.headers["content-type"].startswith("application/x-protobuf"):
-            return time.monotonic() - started
-        assert answer.json().get("type") == "try_again", answer.text
-
-
 def test_a_flooding_tenant_waits_behind_another_tenants_call(url: str) -> None:
-    flooder, flood_sampler = _sampler(url)
-    other, other_sampler = _sampler(url)
+    flooder, flood_sampler = new_sampler(url)
+    other, other_sampler = new_sampler(url)
     prompt = [5 + j for j in range(200)]
     # one flood call alone: how long one call's compute takes here
-    single = _wait(url, flooder, _sample(url, flooder, flood_sampler, prompt, 48).json()["request_id"])
+    single = wait(url, flooder, sample(url, flooder, flood_sampler, prompt, 48).json()["request_id"])
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: _sample(url, flooder, flood_sampler, prompt, 48), range(FLOOD)))
+        answers = list(pool.map(lambda _: sample(url, flooder, flood_sampler, prompt, 48), range(FLOOD)))
     queued = [a.json()["request_id"] for a in answers if a.status_code == 200]
     refused = [a for a in answers if a.status_code == 429]
     # the host takes calls while they arrive, so a few more than CAP get in; the rest wait at the sender
@@ -93,19 +59,19 @@ def test_a_flooding_tenant_waits_behind_another_tenants_call(url: str) -> None:
     )
     # the other tenant's small call is taken next, not after the CAP calls queued before it
     sent = time.monotonic()
-    request = _sample(url, other, other_sampler, [5, 6], 2).json()["request_id"]
-    _wait(url, other, request)
+    request = sample(url, other, other_sampler, [5, 6], 2).json()["request_id"]
+    wait(url, other, request)
     other_latency = time.monotonic() - sent
-    flood_left = _wait(url, flooder, queued[-1])  # the flood's last call: it finishes after the other's
+    flood_left = wait(url, flooder, queued[-1])  # the flood's last call: it finishes after the other's
     print(f"one flood call {single:.2f}s; another tenant's call {other_latency:.2f}s, {len(queued)} queued")
     assert other_latency < 3 * single + 1.0 < flood_left, (single, other_latency, flood_left)
 
 
 def test_a_sample_must_fit_the_context_and_inputs_must_be_finite(url: str) -> None:
-    key, sampler = _sampler(url)
+    key, sampler = new_sampler(url)
     service = tinker.ServiceClient(base_url=url, api_key=key)
     training = service.create_lora_training_client(base_model=BASE, rank=4).result()  # loads the base
-    too_long = _sample(url, key, sampler, [5] * 2040, 16)
+    too_long = sample(url, key, sampler, [5] * 2040, 16)
     assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "prompt", too_long.text
     datum = types.Datum(
         model_input=types.ModelInput.from_ints([5, 6, 7]),
